@@ -1,0 +1,50 @@
+"""`hiddenstates` console script: errors become one clear line and a non-zero exit (tracebacks with --debug)."""
+
+from __future__ import annotations
+
+import sys
+
+from hiddenstates.cli.app import app, state
+
+# Each module registers its commands on `app` when imported.
+from hiddenstates.cli import store_cmd  # noqa: F401,E402  (info, query, verify, repair, catalog ...)
+from hiddenstates.cli import extract_cmd  # noqa: F401,E402
+from hiddenstates.cli import train_cmd  # noqa: F401,E402
+from hiddenstates.cli import publish_cmd  # noqa: F401,E402
+from hiddenstates.cli import interop_cmd  # noqa: F401,E402
+
+__all__ = ["app", "main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from hiddenstates.errors import HiddenStatesError
+
+    try:
+        app(args=argv, standalone_mode=False)
+    except HiddenStatesError as e:
+        if state["debug"]:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except SystemExit as e:  # typer/click exits (e.g. --help) pass through with their code
+        return int(e.code or 0) if not isinstance(e.code, str) else 1
+    except Exception as e:
+        import click
+
+        if isinstance(e, click.exceptions.Exit):
+            return e.exit_code
+        if isinstance(e, click.ClickException):
+            e.show()
+            return e.exit_code
+        if isinstance(e, click.exceptions.Abort):
+            print("aborted", file=sys.stderr)
+            return 1
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

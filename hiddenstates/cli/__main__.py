@@ -1,0 +1,5 @@
+import sys
+
+from hiddenstates.cli import main
+
+sys.exit(main())

@@ -1,0 +1,5 @@
+"""CLI commands for the interop part (registered on the shared typer app)."""
+
+from __future__ import annotations
+
+from hiddenstates.cli.app import app  # noqa: F401

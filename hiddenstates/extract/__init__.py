@@ -1,0 +1,1 @@
+"""hiddenstates.extract"""

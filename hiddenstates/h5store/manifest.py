@@ -1,0 +1,170 @@
+"""Shard manifests: one Parquet file per shard, one row per sample. Writing it commits the shard.
+
+The footer's key-value metadata (key ``hiddenstates``) carries the shard summary as JSON: format
+version, writer and run, token and byte counts, codec and its measured error, and the rows the
+writer rejected. The manifest is written last, atomically, after every data file is durable.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from hiddenstates.errors import CorruptStoreError, FormatVersionError
+from hiddenstates.h5store.format import FORMAT_VERSION, MANIFESTS_DIR, manifest_path
+from hiddenstates.h5store.root import Root
+
+__all__ = [
+    "MANIFEST_SCHEMA",
+    "META_KEY",
+    "SampleRecord",
+    "ShardSummary",
+    "list_committed_shards",
+    "read_manifest",
+    "read_manifest_summary",
+    "write_manifest",
+]
+
+META_KEY = b"hiddenstates"
+
+MANIFEST_SCHEMA = pa.schema(
+    [
+        pa.field("sample_id", pa.string(), nullable=False),
+        pa.field("shard", pa.string(), nullable=False),
+        pa.field("row", pa.int32(), nullable=False),
+        pa.field("token_start", pa.int64(), nullable=False),
+        pa.field("num_tokens", pa.int32(), nullable=False),
+        pa.field("num_loss_tokens", pa.int32(), nullable=False),
+        pa.field("loss_spans", pa.list_(pa.list_(pa.int32())), nullable=False),
+        pa.field("source", pa.string()),
+        pa.field("source_row", pa.int64()),
+        pa.field("turn", pa.int32()),
+        pa.field("truncated", pa.bool_(), nullable=False),
+        pa.field("checksum", pa.string(), nullable=False),
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("meta", pa.string()),
+    ]
+)
+
+
+@dataclass(slots=True)
+class SampleRecord:
+    sample_id: str
+    shard: str
+    row: int
+    token_start: int
+    num_tokens: int
+    num_loss_tokens: int
+    loss_spans: list[list[int]]
+    source: str | None
+    source_row: int | None
+    turn: int | None
+    truncated: bool
+    checksum: str
+    run_id: str
+    meta: str | None = None
+
+
+@dataclass(kw_only=True)
+class ShardSummary:
+    shard: str
+    writer_id: str
+    run_id: str
+    num_samples: int
+    num_tokens: int
+    raw_bytes: int
+    stored_bytes: int
+    files: int
+    codec: dict[str, Any]
+    chunk_tokens: int
+    file_tokens: int
+    stored_dtype: str
+    error: dict[str, float] | None = None
+    rejects: list[dict[str, Any]] = field(default_factory=list)
+    committed_at: float = 0.0
+    format_version: int = FORMAT_VERSION
+
+    def to_json(self) -> str:
+        from dataclasses import asdict
+
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, raw: bytes | str, *, where: str) -> ShardSummary:
+        try:
+            d = json.loads(raw)
+        except ValueError as e:
+            raise CorruptStoreError(f"{where}: manifest metadata is not valid JSON ({e})") from e
+        version = d.get("format_version")
+        if not isinstance(version, int) or version > FORMAT_VERSION:
+            raise FormatVersionError(
+                f"{where} was written by format version {version}; this hiddenstates reads up to {FORMAT_VERSION}: upgrade it"
+            )
+        known = set(cls.__dataclass_fields__)
+        try:
+            return cls(**{k: v for k, v in d.items() if k in known})
+        except TypeError as e:
+            raise CorruptStoreError(f"{where}: manifest metadata lacks fields ({e})") from e
+
+
+def write_manifest(root: Root, records: list[SampleRecord], summary: ShardSummary) -> None:
+    cols: dict[str, list[Any]] = {f.name: [] for f in MANIFEST_SCHEMA}
+    for r in records:
+        for name in cols:
+            cols[name].append(getattr(r, name))
+    table = pa.table(cols, schema=MANIFEST_SCHEMA)
+    table = table.replace_schema_metadata({META_KEY: summary.to_json().encode()})
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd")
+    root.write_atomic(manifest_path(summary.shard), buf.getvalue())
+
+
+def list_committed_shards(root: Root) -> list[str]:
+    """Names of committed shards (those with a manifest), sorted."""
+    out = []
+    for name in root.listdir(MANIFESTS_DIR):
+        if name.endswith(".parquet") and not name.startswith("."):
+            out.append(name[: -len(".parquet")])
+    return sorted(out)
+
+
+def _open_parquet(root: Root, shard: str) -> pq.ParquetFile:
+    rel = manifest_path(shard)
+    try:
+        data = root.read_bytes(rel)
+        return pq.ParquetFile(io.BytesIO(data))
+    except FileNotFoundError:
+        raise
+    except Exception as e:  # pyarrow raises several types for a damaged file
+        raise CorruptStoreError(f"manifest {rel} cannot be read ({e}); restore it or run `hiddenstates repair --drop-corrupt`") from e
+
+
+def read_manifest(root: Root, shard: str, columns: list[str] | None = None) -> tuple[pa.Table, ShardSummary]:
+    pf = _open_parquet(root, shard)
+    meta = pf.schema_arrow.metadata or {}
+    if META_KEY not in meta:
+        raise CorruptStoreError(f"manifest of shard {shard} has no hiddenstates metadata; it was not written by hiddenstates")
+    summary = ShardSummary.from_json(meta[META_KEY], where=f"manifest of shard {shard}")
+    table = pf.read(columns=columns)
+    missing = {f.name for f in MANIFEST_SCHEMA} - set(pf.schema_arrow.names)
+    if missing:
+        raise CorruptStoreError(f"manifest of shard {shard} lacks columns {sorted(missing)}")
+    if summary.shard != shard:
+        raise CorruptStoreError(f"manifest file of shard {shard} describes shard {summary.shard!r}")
+    return table, summary
+
+
+def read_manifest_summary(root: Root, shard: str) -> ShardSummary:
+    pf = _open_parquet(root, shard)
+    meta = pf.schema_arrow.metadata or {}
+    if META_KEY not in meta:
+        raise CorruptStoreError(f"manifest of shard {shard} has no hiddenstates metadata")
+    return ShardSummary.from_json(meta[META_KEY], where=f"manifest of shard {shard}")
+
+
+MANIFEST_GLOB = f"{MANIFESTS_DIR}/*.parquet"
