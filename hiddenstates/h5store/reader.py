@@ -1,0 +1,460 @@
+"""Reading a dataset: `open_dataset(root)` -> `Dataset` with len(), [i], .get(id) and chunk-aware batch reads.
+
+Only committed shards (those with a manifest) are visible. The sample index (shard, offset,
+length per sample) is loaded once from the manifests into numpy arrays; nothing is queried per
+sample. A batch read decodes every needed chunk once, in a thread pool (the codecs release the
+GIL), then cuts samples out of the decoded chunks. Everything that holds file handles or threads
+is created lazily and re-created after a fork, so a Dataset can be handed to DataLoader workers.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from hiddenstates.errors import ChecksumMismatch, ConfigError, CorruptStoreError, SampleNotFoundError
+from hiddenstates.h5store.format import DatasetInfo, read_dataset_info, shard_path
+from hiddenstates.h5store.manifest import ShardSummary, list_committed_shards, read_manifest
+from hiddenstates.h5store.root import Root, open_root
+from hiddenstates.h5store.sample import sample_checksum
+from hiddenstates.h5store.shardio import ArrayMeta, ChunkReader, UnsupportedLayout
+
+__all__ = ["Dataset", "SampleIndex", "open_dataset"]
+
+
+@dataclass(frozen=True)
+class SampleIndex:
+    """Where every committed sample lives. Dataset order: shards sorted by name, rows in order."""
+
+    shards: list[str]
+    summaries: list[ShardSummary]
+    sample_ids: list[str]
+    shard_idx: np.ndarray  # int32 [N]
+    row: np.ndarray  # int32 [N]
+    token_start: np.ndarray  # int64 [N], within its shard
+    num_tokens: np.ndarray  # int32 [N]
+    checksum: list[str]
+    shard_base: np.ndarray  # int64 [S+1]: dataset index of each shard's first sample
+
+    @classmethod
+    def load(cls, root: Root) -> SampleIndex:
+        shards = list_committed_shards(root)
+        ids: list[str] = []
+        sums: list[str] = []
+        parts: dict[str, list[np.ndarray]] = {"shard_idx": [], "row": [], "token_start": [], "num_tokens": []}
+        summaries = []
+        base = [0]
+        for s, name in enumerate(shards):
+            table, summary = read_manifest(root, name, columns=["sample_id", "row", "token_start", "num_tokens", "checksum"])
+            summaries.append(summary)
+            n = table.num_rows
+            rows = table.column("row").to_numpy().astype(np.int32)
+            if not np.array_equal(rows, np.arange(n, dtype=np.int32)):
+                raise CorruptStoreError(f"manifest of shard {name}: rows are not 0..{n - 1} in order")
+            starts = table.column("token_start").to_numpy().astype(np.int64)
+            lengths = table.column("num_tokens").to_numpy().astype(np.int32)
+            if n and (lengths.min() <= 0 or starts[0] != 0 or np.any(starts[1:] != starts[:-1] + lengths[:-1])
+                      or int(starts[-1] + lengths[-1]) != summary.num_tokens):
+                raise CorruptStoreError(
+                    f"manifest of shard {name}: token offsets are not contiguous or do not add up to the shard's "
+                    f"{summary.num_tokens} tokens; run `hiddenstates verify` and `hiddenstates repair`"
+                )
+            ids.extend(table.column("sample_id").to_pylist())
+            sums.extend(table.column("checksum").to_pylist())
+            parts["shard_idx"].append(np.full(n, s, np.int32))
+            parts["row"].append(rows)
+            parts["token_start"].append(starts)
+            parts["num_tokens"].append(lengths)
+            base.append(base[-1] + n)
+
+        def cat(k: str, dt: Any) -> np.ndarray:
+            return np.concatenate(parts[k]).astype(dt) if parts[k] else np.zeros(0, dt)
+
+        return cls(shards=shards, summaries=summaries, sample_ids=ids, shard_idx=cat("shard_idx", np.int32),
+                   row=cat("row", np.int32), token_start=cat("token_start", np.int64),
+                   num_tokens=cat("num_tokens", np.int32), checksum=sums, shard_base=np.asarray(base, np.int64))
+
+
+class _ZarrFallback:
+    """zarr-python reads for layouts the fast path does not handle; same interface as ChunkReader."""
+
+    def __init__(self, root: Root, path: str, chunk_rows: int) -> None:
+        import zarr
+
+        self.arr = zarr.open_array(store=root.zarr_store(path, read_only=True), mode="r")
+        self.rows = chunk_rows
+
+    def chunk(self, j: int) -> np.ndarray:
+        block = np.asarray(self.arr[j * self.rows: (j + 1) * self.rows])
+        if block.shape[0] < self.rows:
+            pad = np.zeros((self.rows - block.shape[0], *block.shape[1:]), dtype=block.dtype)
+            block = np.concatenate([block, pad])
+        return block
+
+    def read_all(self) -> np.ndarray:
+        return np.asarray(self.arr[...])
+
+
+class _Shard:
+    """Lazily opened readers for one shard's arrays."""
+
+    def __init__(self, root: Root, name: str, summary: ShardSummary) -> None:
+        self.root = root
+        self.name = name
+        self.summary = summary
+        self._lock = threading.Lock()
+        self._hidden: Any = None
+        self._scale: np.ndarray | None = None
+        self._ids: np.ndarray | None = None
+        self._mask: np.ndarray | None = None
+
+    def _reader(self, array: str) -> Any:
+        path = f"{shard_path(self.name)}/{array}"
+        try:
+            return ChunkReader(self.root, ArrayMeta.load(self.root, path))
+        except UnsupportedLayout:
+            return _ZarrFallback(self.root, path, int(self.summary.chunk_tokens))
+
+    @property
+    def hidden(self) -> Any:
+        if self._hidden is None:
+            with self._lock:
+                if self._hidden is None:
+                    self._hidden = self._reader("hidden_states")
+        return self._hidden
+
+    def chunk_rows(self) -> int:
+        return int(self.summary.chunk_tokens)
+
+    def tokens(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._ids is None:
+            with self._lock:
+                if self._ids is None:
+                    ids = self._reader("input_ids").read_all()
+                    mask = self._reader("loss_mask").read_all()
+                    if ids.shape[0] != self.summary.num_tokens or mask.shape[0] != self.summary.num_tokens:
+                        raise CorruptStoreError(
+                            f"shard {self.name}: input_ids/loss_mask hold {ids.shape[0]}/{mask.shape[0]} tokens, "
+                            f"the manifest says {self.summary.num_tokens}"
+                        )
+                    self._mask = mask.astype(np.bool_)
+                    self._ids = ids
+        assert self._mask is not None
+        return self._ids, self._mask
+
+    def scales(self) -> np.ndarray:
+        if self._scale is None:
+            with self._lock:
+                if self._scale is None:
+                    self._scale = self._reader("hidden_states_scale").read_all()
+        return self._scale
+
+
+class _ChunkCache:
+    """A small LRU of decoded chunks, bounded in bytes, so consecutive sample reads share decodes."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._d: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[int, int]) -> np.ndarray | None:
+        with self._lock:
+            v = self._d.get(key)
+            if v is not None:
+                self._d.move_to_end(key)
+            return v
+
+    def put(self, key: tuple[int, int], value: np.ndarray) -> None:
+        if value.nbytes > self.max_bytes:
+            return
+        with self._lock:
+            if key in self._d:
+                return
+            self._d[key] = value
+            self._bytes += value.nbytes
+            while self._bytes > self.max_bytes:
+                _, old = self._d.popitem(last=False)
+                self._bytes -= old.nbytes
+
+
+class Dataset:
+    """A committed view of a dataset root. See `open_dataset`."""
+
+    def __init__(self, root: str | os.PathLike[str] | Root, *, storage_options: dict[str, Any] | None = None,
+                 threads: int | None = None, verify_checksums: bool = True, cache_bytes: int = 256 << 20) -> None:
+        self.root = open_root(root, storage_options=storage_options)
+        self.info: DatasetInfo = read_dataset_info(self.root)
+        self.index = SampleIndex.load(self.root)
+        self.threads = threads or min(8, os.cpu_count() or 1)
+        self.verify_checksums = verify_checksums
+        self.cache_bytes = cache_bytes
+        self._positions = {lid: i for i, lid in enumerate(self.info.layer_ids)}
+        self._id_to_index: dict[str, int] | None = None
+        self._catalog: Any = None
+        self._reset_process_state()
+
+    def _reset_process_state(self) -> None:
+        self._pid = os.getpid()
+        self._pool: ThreadPoolExecutor | None = None
+        self._shards: dict[int, _Shard] = {}
+        self._cache = _ChunkCache(self.cache_bytes)
+        self._shard_lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for k in ("_pool", "_shards", "_cache", "_shard_lock", "_catalog"):
+            state.pop(k, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._catalog = None
+        self._reset_process_state()
+
+    def _check_pid(self) -> None:
+        if self._pid != os.getpid():  # forked: threads and fds of the parent are not ours
+            self._catalog = None
+            self._reset_process_state()
+
+    # -- metadata --------------------------------------------------------------------------
+    @property
+    def layer_ids(self) -> list[int]:
+        return list(self.info.layer_ids)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.info.hidden_size
+
+    @property
+    def num_layers(self) -> int | None:
+        return self.info.num_layers
+
+    @property
+    def dtype(self) -> str:
+        return self.info.dtype
+
+    @property
+    def sample_ids(self) -> list[str]:
+        return self.index.sample_ids
+
+    @property
+    def num_tokens(self) -> np.ndarray:
+        return self.index.num_tokens
+
+    @property
+    def shards(self) -> list[str]:
+        return self.index.shards
+
+    @property
+    def fingerprint(self) -> str:
+        """Changes whenever the set of committed shards or their contents changes."""
+        h = xxhash.xxh3_64()
+        for name, s in zip(self.index.shards, self.index.summaries, strict=True):
+            h.update(f"{name}:{s.num_samples}:{s.num_tokens}:{s.committed_at};".encode())
+        return h.hexdigest()
+
+    @property
+    def catalog(self) -> Any:
+        self._check_pid()
+        if self._catalog is None:
+            from hiddenstates.catalog import Catalog
+
+            self._catalog = Catalog.for_dataset(self)
+        return self._catalog
+
+    def __len__(self) -> int:
+        return len(self.index.sample_ids)
+
+    def __repr__(self) -> str:
+        return (f"Dataset({self.root.url!r}, samples={len(self)}, tokens={int(self.index.num_tokens.sum())}, "
+                f"layers={self.layer_ids}, hidden_size={self.hidden_size}, dtype={self.dtype})")
+
+    def index_of(self, sample_id: str) -> int:
+        if self._id_to_index is None:
+            self._id_to_index = {s: i for i, s in enumerate(self.index.sample_ids)}
+        try:
+            return self._id_to_index[sample_id]
+        except KeyError:
+            raise SampleNotFoundError(f"no committed sample has id {sample_id!r} in {self.root.url}") from None
+
+    # -- reading ---------------------------------------------------------------------------
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        n = len(self)
+        if not isinstance(i, int | np.integer):
+            raise TypeError(f"Dataset indices are integers, got {type(i).__name__}; use .read(indices) for many")
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"sample index {i} out of range for a dataset of {n} samples")
+        return self.read([int(i)])[0]
+
+    def get(self, sample_id: str, *, layers: Sequence[int] | None = None) -> dict[str, Any]:
+        return self.read([self.index_of(sample_id)], layers=layers)[0]
+
+    def _shard(self, s: int) -> _Shard:
+        sh = self._shards.get(s)
+        if sh is None:
+            with self._shard_lock:
+                sh = self._shards.get(s)
+                if sh is None:
+                    sh = _Shard(self.root, self.index.shards[s], self.index.summaries[s])
+                    self._shards[s] = sh
+        return sh
+
+    def _layer_positions(self, layers: Sequence[int] | None) -> list[int] | None:
+        if layers is None:
+            return None
+        pos = []
+        for lid in layers:
+            if lid not in self._positions:
+                raise ConfigError(f"layer id {lid} is not stored in this dataset; stored ids are {self.layer_ids}")
+            pos.append(self._positions[lid])
+        return pos
+
+    def _get_pool(self) -> ThreadPoolExecutor:
+        self._check_pid()
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="hiddenstates-decode")
+        return self._pool
+
+    def _chunks_needed(self, indices: Sequence[int]) -> list[tuple[int, int]]:
+        need: dict[tuple[int, int], None] = {}
+        for i in indices:
+            s = int(self.index.shard_idx[i])
+            c = self._shard(s).chunk_rows()
+            a = int(self.index.token_start[i])
+            b = a + int(self.index.num_tokens[i])
+            for j in range(a // c, (b - 1) // c + 1):
+                need[(s, j)] = None
+        return list(need)
+
+    def _decode(self, key: tuple[int, int]) -> np.ndarray:
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        s, j = key
+        arr = self._shard(s).hidden.chunk(j)
+        self._cache.put(key, arr)
+        return arr
+
+    def _submit(self, indices: Sequence[int]) -> dict[tuple[int, int], Future[np.ndarray]]:
+        pool = self._get_pool()
+        return {key: pool.submit(self._decode, key) for key in self._chunks_needed(indices)}
+
+    def read(self, indices: Sequence[int], *, layers: Sequence[int] | None = None) -> list[dict[str, Any]]:
+        """Read samples by dataset index, decoding each needed chunk once, in parallel."""
+        indices = [int(i) for i in indices]
+        for i in indices:
+            if not 0 <= i < len(self):
+                raise IndexError(f"sample index {i} out of range for a dataset of {len(self)} samples")
+        futures = self._submit(indices)
+        return self._assemble(indices, futures, self._layer_positions(layers))
+
+    def iter_read(self, indices: Sequence[int], *, layers: Sequence[int] | None = None,
+                  window_bytes: int = 64 << 20, prefetch: int = 2) -> Iterator[dict[str, Any]]:
+        """Yield samples in the given order; decodes up to `prefetch` windows of ~window_bytes ahead."""
+        indices = [int(i) for i in indices]
+        pos = self._layer_positions(layers)
+        bpt = self.info.bytes_per_token
+        windows: list[list[int]] = []
+        cur: list[int] = []
+        acc = 0
+        for i in indices:
+            cur.append(i)
+            acc += int(self.index.num_tokens[i]) * bpt
+            if acc >= window_bytes:
+                windows.append(cur)
+                cur, acc = [], 0
+        if cur:
+            windows.append(cur)
+        pending: list[tuple[list[int], dict[tuple[int, int], Future[np.ndarray]]]] = []
+        w = 0
+        while w < len(windows) or pending:
+            while w < len(windows) and len(pending) < max(1, prefetch):
+                pending.append((windows[w], self._submit(windows[w])))
+                w += 1
+            win, futs = pending.pop(0)
+            yield from self._assemble(win, futs, pos)
+
+    def _assemble(self, indices: list[int], futures: dict[tuple[int, int], Future[np.ndarray]],
+                  positions: list[int] | None) -> list[dict[str, Any]]:
+        import torch
+
+        out = []
+        k, h = len(self.info.layer_ids), self.info.hidden_size
+        for i in indices:
+            s = int(self.index.shard_idx[i])
+            shard = self._shard(s)
+            c = shard.chunk_rows()
+            a = int(self.index.token_start[i])
+            t = int(self.index.num_tokens[i])
+            ids_all, mask_all = shard.tokens()
+            ids, mask = ids_all[a: a + t], mask_all[a: a + t]
+            stored_dtype = np.dtype(shard.summary.stored_dtype)
+            full = np.empty((t, k, h), dtype=stored_dtype)
+            for j in range(a // c, (a + t - 1) // c + 1):
+                chunk = futures[(s, j)].result()
+                lo, hi = max(a, j * c), min(a + t, (j + 1) * c)
+                full[lo - a: hi - a] = chunk[lo - j * c: hi - j * c]
+            scale = shard.scales()[a: a + t] if shard.summary.codec.get("lossy") == "fp8" else None
+            if self.verify_checksums:
+                got = sample_checksum(ids, mask, full, scale)
+                if got != self.index.checksum[i]:
+                    raise ChecksumMismatch(
+                        f"sample {self.index.sample_ids[i]!r} (shard {shard.name}, row {int(self.index.row[i])}) does not "
+                        "match its checksum: the shard is damaged. Run `hiddenstates verify --deep` to list every bad sample"
+                    )
+            hidden = self._to_tensor(full, scale, positions)
+            out.append({
+                "sample_id": self.index.sample_ids[i],
+                "input_ids": torch.from_numpy(ids.astype(np.int64)),
+                "loss_mask": torch.from_numpy(mask.copy()),
+                "hidden_states": hidden,
+            })
+        return out
+
+    def _to_tensor(self, full: np.ndarray, scale: np.ndarray | None, positions: list[int] | None) -> Any:
+        import torch
+
+        if scale is not None:
+            from hiddenstates.h5store.codecs import fp8_decode
+
+            values = torch.from_numpy(fp8_decode(full, scale))
+            if positions is not None:
+                values = values[:, positions]
+            return values.to({"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[self.dtype])
+        if positions is not None:
+            full = np.ascontiguousarray(full[:, positions])
+        t = torch.from_numpy(full)
+        return t.view(torch.bfloat16) if self.dtype == "bfloat16" else t
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        if self._catalog is not None:
+            self._catalog.close()
+            self._catalog = None
+        self.root.close()
+
+    def __enter__(self) -> Dataset:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def open_dataset(root: str | os.PathLike[str] | Root, *, storage_options: dict[str, Any] | None = None,
+                 threads: int | None = None, verify_checksums: bool = True) -> Dataset:
+    """Open a dataset (local folder or fsspec URL) for reading. Only committed shards are visible."""
+    return Dataset(root, storage_options=storage_options, threads=threads, verify_checksums=verify_checksums)
