@@ -24,6 +24,9 @@ __all__ = [
     "StateDictMismatchError",
     "TrainingError",
     "UnsafeFileError",
+    "HubError",
+    "HubLimitsError",
+    "RemoteStoreError",
 ]
 
 
@@ -100,3 +103,15 @@ class StateDictMismatchError(HiddenStatesError):
 
 class UnsafeFileError(HiddenStatesError):
     """A file needs more than safe (weights-only) loading, or a path escapes the dataset root."""
+
+
+class HubError(HiddenStatesError):
+    """Publishing to the Hugging Face Hub failed (no token, no permission, rejected card or commit)."""
+
+
+class HubLimitsError(HubError):
+    """The store breaks the Hub's repository limits (files per folder or repo, file size)."""
+
+
+class RemoteStoreError(HiddenStatesError):
+    """A remote root (hf://, s3://, https://) cannot be read the way the store needs (e.g. no Range support)."""

@@ -19,7 +19,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from hiddenstates.catalog.guard import lock_down, run_query
+from hiddenstates.catalog.guard import LOCKED_CONFIG, lock_down, run_query
 from hiddenstates.catalog.tables import (
     rejects_table,
     runs_table,
@@ -85,7 +85,7 @@ def _build_lock(root: Root) -> Iterator[None]:
 def _catalog_shards(path: str) -> list[str] | None:
     """Shard names recorded in an existing catalog file, or None if it is unusable."""
     try:
-        con = duckdb.connect(path, read_only=True)
+        con = duckdb.connect(path, read_only=True, config=LOCKED_CONFIG)
     except duckdb.Error:
         return None
     try:
@@ -190,10 +190,9 @@ class Catalog:
         path = root.full(CATALOG_FILE) if root.is_local else None
         if path and os.path.exists(path) and _catalog_shards(path) == sorted(committed):
             try:
-                con = duckdb.connect(path, read_only=True)
+                con = duckdb.connect(path, read_only=True, config=LOCKED_CONFIG)
             except duckdb.Error as e:
                 raise CatalogError(f"cannot open {path} read-only ({e}); rebuild it with `hiddenstates catalog rebuild`") from e
-            lock_down(con)
             return cls(con, committed, "file")
         con = duckdb.connect(":memory:")
         _populate(con, root, committed)

@@ -14,9 +14,19 @@ import duckdb
 
 from hiddenstates.errors import CatalogError, QueryRefusedError
 
-__all__ = ["check_query", "lock_down", "run_query"]
+__all__ = ["LOCKED_CONFIG", "check_query", "lock_down", "run_query"]
 
 _ALLOWED = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
+
+
+# For connections to catalog files. DuckDB shares one database instance per file within a process,
+# so every connection to a catalog file must be opened with this same configuration.
+LOCKED_CONFIG = {
+    "enable_external_access": False,
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+    "lock_configuration": True,
+}
 
 
 def lock_down(con: duckdb.DuckDBPyConnection) -> None:

@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     from hiddenstates.errors import HiddenStatesError
 
     try:
-        app(args=argv, standalone_mode=False)
+        rc = app(args=argv, standalone_mode=False)
     except HiddenStatesError as e:
         if state["debug"]:
             raise
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
             print("aborted", file=sys.stderr)
             return 1
         raise
-    return 0
+    return rc if isinstance(rc, int) else 0
 
 
 if __name__ == "__main__":

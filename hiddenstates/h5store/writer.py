@@ -49,6 +49,7 @@ from hiddenstates.provenance import run_environment
 __all__ = ["DatasetWriter", "WriterConfig", "shard_name"]
 
 _MIB = 1 << 20
+MAX_CHUNKS_PER_FILE = 1024
 _WRITER_ID = re.compile(r"^[A-Za-z0-9_.]+(?:-[A-Za-z0-9_.]+)*$")
 
 
@@ -89,7 +90,11 @@ class WriterConfig:
     def layout(self, bytes_per_token: int) -> tuple[int, int]:
         """(chunk_tokens, file_tokens): file_tokens is a multiple of chunk_tokens."""
         chunk = self.chunk_tokens or min(self.max_chunk_tokens, _pow2floor(self.chunk_bytes / bytes_per_token))
-        per_file = max(1, int(self.file_bytes // (chunk * bytes_per_token)))
+        chunk_bytes = chunk * bytes_per_token
+        per_file = max(1, int(self.file_bytes // chunk_bytes))
+        # A file never needs to outgrow its shard, and its chunk index (16 bytes per chunk, read before
+        # any chunk) stays small: with tiny rows a byte target alone would mean millions of chunks.
+        per_file = min(per_file, MAX_CHUNKS_PER_FILE, max(1, -(-self.shard_bytes // chunk_bytes)))
         return chunk, chunk * per_file
 
 

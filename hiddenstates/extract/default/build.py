@@ -243,6 +243,8 @@ def generate_conversations(n: int = NUM_CONVERSATIONS, seed: int = SEED) -> list
 
 def tokenizer_training_texts(rows: list[dict[str, Any]]) -> list[str]:
     texts = list(_SYSTEMS)
+    # The role names appear in every rendered header: give them tokens of their own, as real vocabularies do.
+    texts += ["system", "user", "assistant"] * 64
     for row in rows:
         for m in row.get("messages") or row.get("conversations") or []:
             c = m.get("content", m.get("value"))
