@@ -51,7 +51,7 @@ def _features(columns: Sequence[str], hidden: tuple[int, int] | None) -> Any:
 
 
 def _rows(url: str, storage_options: dict[str, Any] | None, fingerprint: str, indices: list[int],
-          columns: list[str], include_hidden_states: bool, layers: list[int] | None) -> Iterator[dict[str, Any]]:
+          columns: Sequence[str], include_hidden_states: bool, layers: Sequence[int] | None) -> Iterator[dict[str, Any]]:
     """Yield rows for `indices` (dataset order). Module-level and argument-only so `datasets` can hash and ship it."""
     from hiddenstates.h5store.reader import open_dataset
 
@@ -69,7 +69,7 @@ def _rows(url: str, storage_options: dict[str, Any] | None, fingerprint: str, in
                 d = t.to_pydict()
                 for j, sid in enumerate(d["sample_id"]):
                     meta[sid] = {c: d[c][j] for c in cat_cols}
-            samples = ds.iter_read(chunk, layers=layers) if include_hidden_states else None
+            samples = ds.iter_read(chunk, layers=None if layers is None else list(layers)) if include_hidden_states else None
             for i, sid in zip(chunk, ids, strict=True):
                 row: dict[str, Any] = {}
                 if samples is not None:
@@ -120,19 +120,19 @@ def to_hf_dataset(ds_or_root: Any, columns: Sequence[str] | None = None, where: 
         indices = [int(i) for i in (range(len(ds)) if where is None else ds.catalog.select_indices(where, params))]
         k = len(layer_list) if layer_list is not None else len(ds.layer_ids)
         features = _features(cols, (k, ds.hidden_size) if include_hidden_states else None)
+        # Only `blocks` is a list: `datasets` shards generators over list-valued kwargs (one block per shard).
         gen_kwargs = {"url": ds.root.url, "storage_options": ds.root.storage_options or None,
-                      "fingerprint": ds.fingerprint, "columns": cols, "include_hidden_states": include_hidden_states,
-                      "layers": layer_list}
+                      "fingerprint": ds.fingerprint, "columns": tuple(cols), "include_hidden_states": include_hidden_states,
+                      "layers": None if layer_list is None else tuple(layer_list), "blocks": _blocks(indices)}
     finally:
         if own:
             ds.close()
     if streaming:
         # One shard per contiguous block keeps DataLoader workers on separate shards and reads chunk-friendly.
-        return IterableDataset.from_generator(_rows_sharded, features=features,
-                                              gen_kwargs={**gen_kwargs, "blocks": _blocks(indices)})
+        return IterableDataset.from_generator(_rows_sharded, features=features, gen_kwargs=gen_kwargs)
     if not indices:
         return HFDataset.from_dict({c: [] for c in features}, features=features)
-    return HFDataset.from_generator(_rows, features=features, gen_kwargs={**gen_kwargs, "indices": indices},
+    return HFDataset.from_generator(_rows_sharded, features=features, gen_kwargs=gen_kwargs,
                                     cache_dir=cache_dir or os.environ.get("HF_DATASETS_CACHE"))
 
 
@@ -141,7 +141,7 @@ def _blocks(indices: list[int], size: int = _BATCH) -> list[list[int]]:
 
 
 def _rows_sharded(url: str, storage_options: dict[str, Any] | None, fingerprint: str, blocks: list[list[int]],
-                  columns: list[str], include_hidden_states: bool, layers: list[int] | None) -> Iterator[dict[str, Any]]:
+                  columns: Sequence[str], include_hidden_states: bool, layers: Sequence[int] | None) -> Iterator[dict[str, Any]]:
     for block in blocks:
         if block:
             yield from _rows(url, storage_options, fingerprint, block, columns, include_hidden_states, layers)
