@@ -15,18 +15,18 @@ __all__ = [
     "ExtractionError",
     "FormatVersionError",
     "HiddenStatesError",
+    "HubError",
+    "HubLimitsError",
     "IncompatibleStoreError",
     "InvalidSampleError",
     "NonFiniteError",
     "NotADatasetError",
     "QueryRefusedError",
+    "RemoteStoreError",
     "SampleNotFoundError",
     "StateDictMismatchError",
     "TrainingError",
     "UnsafeFileError",
-    "HubError",
-    "HubLimitsError",
-    "RemoteStoreError",
 ]
 
 

@@ -21,7 +21,7 @@ _ALLOWED = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
 
 # For connections to catalog files. DuckDB shares one database instance per file within a process,
 # so every connection to a catalog file must be opened with this same configuration.
-LOCKED_CONFIG = {
+LOCKED_CONFIG: dict[str, str | bool | int | float | list[str]] = {
     "enable_external_access": False,
     "autoinstall_known_extensions": False,
     "autoload_known_extensions": False,

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import sys
 
-from hiddenstates.cli.app import app, state
-
 # Each module registers its commands on `app` when imported.
-from hiddenstates.cli import store_cmd  # noqa: F401,E402  (info, query, verify, repair, catalog ...)
-from hiddenstates.cli import extract_cmd  # noqa: F401,E402
-from hiddenstates.cli import train_cmd  # noqa: F401,E402
-from hiddenstates.cli import publish_cmd  # noqa: F401,E402
-from hiddenstates.cli import interop_cmd  # noqa: F401,E402
+from hiddenstates.cli import (
+    extract_cmd,  # noqa: F401
+    interop_cmd,  # noqa: F401
+    publish_cmd,  # noqa: F401
+    store_cmd,  # noqa: F401  (info, query, verify, repair, catalog ...)
+    train_cmd,  # noqa: F401
+)
+from hiddenstates.cli.app import app, state
 
 __all__ = ["app", "main"]
 

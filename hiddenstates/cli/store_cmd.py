@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 
 import typer
@@ -58,7 +58,7 @@ def info(root: str = ROOT_ARG, as_json: bool = typer.Option(False, "--json", hel
     Console().print(t)
 
 
-class QueryFormat(str, Enum):
+class QueryFormat(StrEnum):
     table = "table"
     csv = "csv"
     json = "json"
@@ -93,9 +93,9 @@ def query(
         pq.write_table(table, output)
         return
     if fmt is QueryFormat.csv:
-        import pyarrow.csv as pacsv
-
         import io
+
+        import pyarrow.csv as pacsv
 
         buf = io.BytesIO()
         pacsv.write_csv(_stringify_nested(table), buf)

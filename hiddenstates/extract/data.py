@@ -302,7 +302,9 @@ def _datasets_rows(ds: Any) -> Iterator[tuple[int, Any]]:
 
 
 def _pick_split(obj: Any, split: str, where: str) -> Any:
-    if hasattr(obj, "keys") and not hasattr(obj, "column_names"):  # a DatasetDict
+    import datasets
+
+    if isinstance(obj, (datasets.DatasetDict, datasets.IterableDatasetDict)):
         if split not in obj:
             raise ConfigError(f"{where} has splits {sorted(obj.keys())}, not {split!r}: pass --split")
         return obj[split]
@@ -359,10 +361,11 @@ def _folder_source(path: Path, *, split: str, source: str | None) -> DataSource:
         import datasets
 
         try:
-            obj = _pick_split(datasets.load_from_disk(str(path)), split, str(path))
+            loaded = datasets.load_from_disk(str(path))
         except (FileNotFoundError, ValueError) as e:
             raise ExtractionError(f"{path} looks like a `datasets` folder but cannot be loaded ({e})") from e
-        if obj is not None and hasattr(obj, "column_names") and (path / "dataset_dict.json").exists() and split != "train":
+        obj = _pick_split(loaded, split, str(path))
+        if (path / "dataset_dict.json").exists() and split != "train":
             name = source or f"{name}:{split}"
         return DataSource(name=name, kind="datasets-disk", location=str(path), _rows=lambda: _datasets_rows(obj),
                           _count=lambda: len(obj), fingerprint=getattr(obj, "_fingerprint", None))

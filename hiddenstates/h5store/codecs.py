@@ -47,8 +47,8 @@ class CodecSpec:
             return []
         if self.kind == "zstd":
             return [ZstdCodec(level=self.clevel)]
-        return [BloscCodec(cname=self.cname, clevel=self.clevel, shuffle=self.shuffle, typesize=typesize,
-                           blocksize=self.blocksize)]
+        return [BloscCodec(cname=self.cname, clevel=self.clevel, shuffle=self.shuffle,  # type: ignore[arg-type]
+                           typesize=typesize, blocksize=self.blocksize)]
 
     def stored_dtype(self, logical: str, default_stored: str) -> str:
         if self.lossy == "fp8":

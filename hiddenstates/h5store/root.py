@@ -7,6 +7,7 @@ whole object at once, which is atomic already.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 import tempfile
@@ -130,10 +131,8 @@ class Root:
 
     def close(self) -> None:
         for fd in self._fds.values():
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
         self._fds = {}
 
     def listdir(self, rel: str) -> list[str]:
@@ -184,10 +183,8 @@ class Root:
                 os.fsync(f.fileno())
             os.replace(tmp, target)
         except BaseException:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
-            except FileNotFoundError:
-                pass
             raise
         _fsync_dir(directory)
 

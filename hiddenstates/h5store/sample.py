@@ -109,7 +109,8 @@ def sample_checksum(input_ids: np.ndarray, loss_mask: np.ndarray, stored_hidden:
     h = xxhash.xxh3_64()
     h.update(np.ascontiguousarray(input_ids, dtype="<i4").tobytes())
     h.update(np.ascontiguousarray(loss_mask, dtype=np.uint8).tobytes())
-    h.update(memoryview(np.ascontiguousarray(stored_hidden).astype(stored_hidden.dtype.newbyteorder("<"), copy=False)).cast("B"))
+    le = np.ascontiguousarray(stored_hidden).astype(stored_hidden.dtype.newbyteorder("<"), copy=False)
+    h.update(le.data.cast("B"))
     if scale is not None:
         h.update(np.ascontiguousarray(scale, dtype="<f4").tobytes())
     return h.hexdigest()

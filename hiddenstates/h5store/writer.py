@@ -220,7 +220,7 @@ class DatasetWriter:
         return max((s for s in seqs if s is not None), default=-1) + 1
 
     def _load_committed_hashes(self) -> np.ndarray:
-        hashes = []
+        hashes: list[int] = []
         for shard in list_committed_shards(self.root):
             table, _ = read_manifest(self.root, shard, columns=["sample_id"])
             hashes.extend(_id_hash(s) for s in table.column("sample_id").to_pylist())

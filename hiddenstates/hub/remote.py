@@ -26,6 +26,7 @@ import re
 import tempfile
 import threading
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,15 +104,20 @@ class RemoteFS(AbstractFileSystem):
 
     cachable = False  # one per Root: its stats and memoized file identities are its own
 
-    def __init__(self, target: AbstractFileSystem, *, cache_dir: str | None = None) -> None:
+    def __init__(self, target: AbstractFileSystem, *, cache_dir: str | None = None, scheme: str | None = None) -> None:
         super().__init__()
         self.target = target
+        # fsspec's HTTP filesystem wants whole URLs, while Root hands out paths without the scheme.
+        self.scheme = scheme if scheme in ("http", "https") else None
         # DuckDB routes paths to a registered filesystem by its protocol names: answer to the target's.
         self.protocol = target.protocol
         self.cache_dir = cache_dir
         self.stats = RequestStats()
         self._info: dict[str, dict[str, Any]] = {}
+        self._info_gates: dict[str, threading.Lock] = {}
         self._modified: dict[str, datetime.datetime] = {}
+        self._inflight: dict[tuple[str, int, int], Future[bytes]] = {}
+        self._inflight_lock = threading.Lock()
         self._info_lock = threading.Lock()
         if cache_dir is not None:
             try:
@@ -123,6 +129,9 @@ class RemoteFS(AbstractFileSystem):
     def __repr__(self) -> str:
         return f"RemoteFS({type(self.target).__name__}, cache_dir={self.cache_dir!r})"
 
+    def _p(self, path: str) -> str:
+        return f"{self.scheme}://{path}" if self.scheme and "://" not in path else path
+
     @property
     def fsid(self) -> str:
         return f"hiddenstates-remote-{self.target.fsid}"
@@ -131,39 +140,45 @@ class RemoteFS(AbstractFileSystem):
     def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
         with self._info_lock:
             hit = self._info.get(path)
+            gate = self._info_gates.setdefault(path, threading.Lock())
         if hit is not None:
             return hit
-        self.stats.add(metadata=1)
-        log.debug("remote info %s", path)
-        out = dict(self.target.info(path, **kwargs))
-        if out.get("type") == "file":
-            # Shard files and manifests never change once committed; remember what was seen.
+        with gate:  # threads asking about the same file wait for one request
             with self._info_lock:
-                self._info[path] = out
-        return out
+                hit = self._info.get(path)
+            if hit is not None:
+                return hit
+            self.stats.add(metadata=1)
+            log.debug("remote info %s", path)
+            out = dict(self.target.info(self._p(path), **kwargs))
+            if out.get("type") == "file":
+                # Shard files and manifests never change once committed; remember what was seen.
+                with self._info_lock:
+                    self._info[path] = out
+            return out
 
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
         self.stats.add(metadata=1)
         log.debug("remote ls %s", path)
-        return list(self.target.ls(path, detail=detail, **kwargs))
+        return list(self.target.ls(self._p(path), detail=detail, **kwargs))
 
     def exists(self, path: str, **kwargs: Any) -> bool:
         self.stats.add(metadata=1)
         log.debug("remote exists %s", path)
-        return bool(self.target.exists(path, **kwargs))
+        return bool(self.target.exists(self._p(path), **kwargs))
 
     def isdir(self, path: str) -> bool:
         self.stats.add(metadata=1)
-        return bool(self.target.isdir(path))
+        return bool(self.target.isdir(self._p(path)))
 
     def du(self, path: str, total: bool = True, maxdepth: int | None = None, **kwargs: Any) -> Any:
         self.stats.add(metadata=1)
-        return self.target.du(path, total=total, maxdepth=maxdepth, **kwargs)
+        return self.target.du(self._p(path), total=total, maxdepth=maxdepth, **kwargs)
 
     def find(self, path: str, maxdepth: int | None = None, withdirs: bool = False, detail: bool = False,
              **kwargs: Any) -> Any:
         self.stats.add(metadata=1)
-        return self.target.find(path, maxdepth=maxdepth, withdirs=withdirs, detail=detail, **kwargs)
+        return self.target.find(self._p(path), maxdepth=maxdepth, withdirs=withdirs, detail=detail, **kwargs)
 
     def modified(self, path: str) -> datetime.datetime:
         # DuckDB asks when it opens a Parquet file (for its own caching); some servers cannot say.
@@ -173,7 +188,7 @@ class RemoteFS(AbstractFileSystem):
             return hit
         self.stats.add(metadata=1)
         try:
-            out: datetime.datetime = self.target.modified(path)
+            out: datetime.datetime = self.target.modified(self._p(path))
         except (NotImplementedError, KeyError):
             out = datetime.datetime.fromtimestamp(0, tz=datetime.timezone.utc)
         with self._info_lock:
@@ -186,12 +201,12 @@ class RemoteFS(AbstractFileSystem):
         # Used by DuckDB for the Parquet catalog: it reads footers and column chunks by range itself.
         self.stats.add(opens=1)
         log.debug("remote open %s %s", mode, path)
-        return self.target.open(path, mode, block_size=block_size, cache_options=cache_options, **kwargs)
+        return self.target.open(self._p(path), mode, block_size=block_size, cache_options=cache_options, **kwargs)
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
         if start is None and end is None:
             self.stats.add(file_reads=1)
-            data = bytes(self.target.cat_file(path, **kwargs))
+            data = bytes(self.target.cat_file(self._p(path), **kwargs))
             self.stats.add(bytes_read=len(data))
             log.debug("remote GET %s (%d bytes, whole file)", path, len(data))
             return data
@@ -210,9 +225,31 @@ class RemoteFS(AbstractFileSystem):
                 self.stats.add(cache_hits=1, cache_bytes=len(cached))
                 log.debug("remote cache hit %s [%d, %d)", path, s, e)
                 return cached
-        data = self._fetch_range(path, s, e)
+        data = self._single_flight(path, s, e)
         if key is not None:
             self._cache_put(key, data)
+        return data
+
+    def _single_flight(self, path: str, start: int, end: int) -> bytes:
+        """One GET per range even when reader threads ask for the same bytes at once (e.g. a shard index)."""
+        k = (path, start, end)
+        with self._inflight_lock:
+            fut = self._inflight.get(k)
+            owner = fut is None
+            if owner:
+                fut = self._inflight[k] = Future()
+        assert fut is not None
+        if not owner:
+            return fut.result()
+        try:
+            data = self._fetch_range(path, start, end)
+        except BaseException as exc:
+            fut.set_exception(exc)
+            raise
+        finally:
+            with self._inflight_lock:
+                self._inflight.pop(k, None)
+        fut.set_result(data)
         return data
 
     def _fetch_range(self, path: str, start: int, end: int) -> bytes:
@@ -224,7 +261,7 @@ class RemoteFS(AbstractFileSystem):
                 f.seek(start)
                 data = f.read(end - start)
         else:
-            data = self.target.cat_file(path, start=start, end=end)
+            data = self.target.cat_file(self._p(path), start=start, end=end)
         data = bytes(data)
         log.debug("remote GET %s [%d, %d) -> %d bytes", path, start, end, len(data))
         self.stats.add(bytes_read=len(data))
@@ -283,21 +320,22 @@ class RemoteFS(AbstractFileSystem):
     def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
         self.stats.add(writes=1)
         log.debug("remote PUT %s (%d bytes)", path, len(value))
-        self.target.pipe_file(path, value, **kwargs)
+        self.target.pipe_file(self._p(path), value, **kwargs)
         with self._info_lock:
             self._info.pop(path, None)
             self._modified.pop(path, None)
 
     def makedirs(self, path: str, exist_ok: bool = False) -> None:
-        self.target.makedirs(path, exist_ok=exist_ok)
+        self.target.makedirs(self._p(path), exist_ok=exist_ok)
 
     def mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
-        self.target.mkdir(path, create_parents=create_parents, **kwargs)
+        self.target.mkdir(self._p(path), create_parents=create_parents, **kwargs)
 
     def rm(self, path: str | list[str], recursive: bool = False, maxdepth: int | None = None) -> None:
         self.stats.add(writes=1)
         log.debug("remote rm %s", path)
-        self.target.rm(path, recursive=recursive, maxdepth=maxdepth)
+        self.target.rm([self._p(p) for p in path] if isinstance(path, list) else self._p(path), recursive=recursive,
+                       maxdepth=maxdepth)
         with self._info_lock:
             self._info.clear()
             self._modified.clear()
@@ -313,7 +351,7 @@ def open_remote_fs(protocol: str, storage_options: dict[str, Any] | None = None)
     except (ImportError, ValueError) as e:
         raise ConfigError(f"cannot open {protocol}:// ({e}); install the fsspec backend for it (s3fs for s3://, "
                           "gcsfs for gs://, aiohttp for https://)") from e
-    return RemoteFS(target, cache_dir=cache_dir)
+    return RemoteFS(target, cache_dir=cache_dir, scheme=protocol)
 
 
 def open_parquet_catalog(fs: AbstractFileSystem, root_path: str, shards: Sequence[str]) -> Any | None:
@@ -324,7 +362,8 @@ def open_parquet_catalog(fs: AbstractFileSystem, root_path: str, shards: Sequenc
     """
     import duckdb
 
-    base = f"{_protocols(fs)[0]}://{root_path.rstrip('/')}/{CATALOG_EXPORT_DIR}"
+    scheme = fs.scheme if isinstance(fs, RemoteFS) and fs.scheme else _protocols(fs)[0]
+    base = f"{scheme}://{root_path.rstrip('/')}/{CATALOG_EXPORT_DIR}"
     try:
         present = {os.path.basename(str(p).rstrip("/")) for p in fs.ls(f"{root_path.rstrip('/')}/{CATALOG_EXPORT_DIR}",
                                                                            detail=False)}

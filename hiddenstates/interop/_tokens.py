@@ -18,5 +18,5 @@ def sample_tokens(ds: Any, i: int) -> tuple[np.ndarray, np.ndarray]:
     s = int(ds.index.shard_idx[i])
     a = int(ds.index.token_start[i])
     t = int(ds.index.num_tokens[i])
-    ids, mask = ds._shard(s).tokens()  # noqa: SLF001 - the reader has no public tokens-only read yet
+    ids, mask = ds._shard(s).tokens()
     return ids[a: a + t], mask[a: a + t]

@@ -19,7 +19,14 @@ import threading
 from typing import Any
 
 from hiddenstates.errors import ConfigError
-from hiddenstates.interop.base import RawSample, RejectSample, SourceFormat, SourceInfo, SourceItem, load_torch_file
+from hiddenstates.interop.base import (
+    RawSample,
+    RejectSample,
+    SourceFormat,
+    SourceInfo,
+    SourceItem,
+    load_torch_file,
+)
 from hiddenstates.layers import LAST_LAYER_PRENORM
 
 __all__ = ["HIDDEN_DIR", "SCALES_KEY", "SpeculatorsFormat", "hs_file"]

@@ -32,7 +32,14 @@ from hiddenstates.errors import (
     UnsafeFileError,
 )
 from hiddenstates.h5store.codecs import DEFAULT_CODEC, get_codec
-from hiddenstates.interop.base import RawSample, RejectSample, SourceFormat, SourceItem, check_last_layer, resolve_layer_ids
+from hiddenstates.interop.base import (
+    RawSample,
+    RejectSample,
+    SourceFormat,
+    SourceItem,
+    check_last_layer,
+    resolve_layer_ids,
+)
 from hiddenstates.interop.registry import get_format
 
 __all__ = ["ImportConfig", "ImportReport", "import_dataset", "split_evenly"]
@@ -446,10 +453,7 @@ def import_dataset(fmt_name: str, src: str | os.PathLike[str], out: str | os.Pat
 
     t0 = time.perf_counter()
     try:
-        if workers == 1:
-            parts = [_import_part(tasks[0], on_progress)]
-        else:
-            parts = _run_processes(tasks, on_progress)
+        parts = [_import_part(tasks[0], on_progress)] if workers == 1 else _run_processes(tasks, on_progress)
     finally:
         bar.close()
     report.seconds = time.perf_counter() - t0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import math
 import sys
 import time
 from pathlib import Path
@@ -112,14 +111,14 @@ def plot_loss_curve(metrics_csv: Path, out_png: Path) -> Path:
         losses = [float(r["loss"]) for r in train]
         ax_loss.plot(steps, losses, alpha=0.35, lw=1, label="train")
         ax_loss.plot(steps, _ema(losses, 0.9), lw=2, label="train (EMA 0.9)")
-        accs = sorted(k for k in train[0] if k.startswith("full_acc_"))
-        for k in accs:
-            ax_acc.plot(steps, _ema([float(r[k]) for r in train], 0.9), label=f"train {k.replace('full_acc_', 'step ')}")
+        for i, k in enumerate(sorted(k for k in train[0] if k.startswith("full_acc_"))):
+            ax_acc.plot(steps, _ema([float(r[k]) for r in train], 0.9), color=f"C{i}",
+                        label=f"train, TTT step {k.removeprefix('full_acc_')} (EMA)")
     if val:
         ax_loss.plot([int(r["step"]) for r in val], [float(r["loss"]) for r in val], "o-", lw=2, label="validation")
-        for k in sorted(k for k in val[0] if k.startswith("full_acc_")):
-            ax_acc.plot([int(r["step"]) for r in val], [float(r[k]) for r in val], "o--",
-                        label=f"val {k.replace('full_acc_', 'step ')}")
+        for i, k in enumerate(sorted(k for k in val[0] if k.startswith("full_acc_"))):
+            ax_acc.plot([int(r["step"]) for r in val], [float(r[k]) for r in val], "o--", color=f"C{i}",
+                        label=f"validation, TTT step {k.removeprefix('full_acc_')}")
     ax_loss.set_ylabel("loss (sum over TTT steps)")
     ax_loss.set_title("EAGLE-3 draft training")
     ax_loss.legend()
@@ -136,9 +135,10 @@ def plot_loss_curve(metrics_csv: Path, out_png: Path) -> Path:
 
 
 def _ema(values: list[float], beta: float) -> list[float]:
+    """Bias-corrected exponential moving average (as Adam's), so short runs are not dragged to the start."""
     out: list[float] = []
-    acc = math.nan
-    for v in values:
-        acc = v if math.isnan(acc) else beta * acc + (1 - beta) * v
-        out.append(acc)
+    acc = 0.0
+    for k, v in enumerate(values, 1):
+        acc = beta * acc + (1 - beta) * v
+        out.append(acc / (1 - beta**k))
     return out

@@ -19,7 +19,8 @@ K, H = 3, 16
 
 
 def _read_by_spec(root: str, n: int) -> dict:
-    header = json.load(open(os.path.join(root, "dataset.json")))
+    with open(os.path.join(root, "dataset.json")) as f:
+        header = json.load(f)
     assert header["format"] == "hiddenstates" and header["format_version"] == 1
     files = sorted(glob.glob(os.path.join(root, "manifests", "*.parquet")))
     table = pa.concat_tables([pq.read_table(f) for f in files])

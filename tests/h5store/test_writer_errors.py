@@ -113,7 +113,7 @@ def test_incompatible_settings_refused(tmp_path):
         writer(tmp_path, layer_ids=[1, 3])
     with pytest.raises(IncompatibleStoreError, match="hidden_size"):
         writer(tmp_path, hidden_size=16)
-    with pytest.raises(IncompatibleStoreError, match="capture.model"):
+    with pytest.raises(IncompatibleStoreError, match=r"capture\.model"):
         writer(tmp_path, capture={"model": "c/d"})
 
 

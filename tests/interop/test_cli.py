@@ -25,7 +25,7 @@ def test_cli_import_then_export_speculators_and_hf(tmp_path, capsys):
     with open_dataset(store) as ds:
         assert len(ds) == 6 and ds.info.capture["model"] == "test/tiny"
 
-    assert main(["export", "speculators", store, "--out", str(tmp_path / "spec"), "--where", "num_tokens > 5"]) == 0
+    assert main(["export", "speculators", store, "--out", str(tmp_path / "spec"), "--where", "num_tokens >= 5"]) == 0
     assert "speculators train --data-path" in capsys.readouterr().out
     assert len(datasets.load_from_disk(str(tmp_path / "spec"))) == 6
 

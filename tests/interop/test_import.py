@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import pytest
@@ -180,7 +181,7 @@ def test_unsafe_token_freq_is_refused(tmp_path):
     samples = make_samples(2, seed=10)
     write_speculators(str(tmp_path / "src"), samples, token_freq=False)
     torch.save({1: Evil(str(tmp_path / "pwned"))}, tmp_path / "src" / "token_freq.pt")
-    with pytest.raises(UnsafeFileError, match="token_freq.pt"):
+    with pytest.raises(UnsafeFileError, match=r"token_freq\.pt"):
         import_dataset("speculators", tmp_path / "src", tmp_path / "store", cfg(layers=LAYERS))
     assert not (tmp_path / "pwned").exists()
 
@@ -276,7 +277,7 @@ def test_split_evenly_covers_everything_once():
         for parts in (1, 2, 3, 8):
             blocks = split_evenly(n, parts)
             assert len(blocks) == parts and blocks[0][0] == 0 and blocks[-1][1] == n
-            assert all(a <= b and b == c for (a, b), (c, _) in zip(blocks, blocks[1:], strict=False))
+            assert all(a <= b and b == c for (a, b), (c, _) in itertools.pairwise(blocks))
             sizes = [b - a for a, b in blocks]
             assert max(sizes) - min(sizes) <= 1
 

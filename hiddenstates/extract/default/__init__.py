@@ -142,8 +142,9 @@ def materialize_default_model(path: str | os.PathLike[str]) -> Path:
         {"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"], "do_sample": False}, indent=2) + "\n")
     shutil.copyfile(HERE / "tokenizer.json", out / "tokenizer.json")
     (out / "tokenizer_config.json").write_text(json.dumps(_tokenizer_config(), indent=2, sort_keys=True) + "\n")
-    save_file(default_weights(), str(out / "model.safetensors"),
-              metadata={"format": "pt", "hiddenstates_default_revision": default_model_revision()})
+    # One metadata key only: safetensors writes its metadata map in hash order, so several keys
+    # would make the file's bytes (not its tensors) differ from run to run.
+    save_file(default_weights(), str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
 
 
