@@ -61,9 +61,11 @@ def import_cmd(
 ) -> None:
     """Import another pipeline's hidden states (speculators, SpecForge, EAGLE, Model-Optimizer) into a dataset.
 
-    Pickles are loaded with weights-only unpickling; files that need more are refused and listed. Bad files
-    (truncated, NaN, length mismatch) are rejected with a reason (see the catalog's `rejects` table). Re-running
-    skips samples already committed.
+    Pickles are loaded with weights-only unpickling; files that need more are refused and listed.
+
+    Bad files (truncated, NaN, length mismatch) are rejected with a reason: see the catalog's `rejects` table.
+
+    Re-running skips samples already committed.
     """
     from hiddenstates.h5store.codecs import DEFAULT_CODEC
     from hiddenstates.interop.importer import ImportConfig, import_dataset

@@ -14,15 +14,15 @@ def publish(
     root: Path = typer.Argument(..., help="Local dataset root to publish.", exists=True, file_okay=False),
     repo_id: str = typer.Argument(..., help="Hub dataset repo, ORG/NAME (created if missing)."),
     private: bool = typer.Option(False, "--private", help="Create the repo private (an existing repo keeps its visibility)."),
-    revision: str | None = typer.Option(None, "--revision", help="Branch to commit to; created from main if missing [default: main]."),
+    revision: str | None = typer.Option(None, "--revision", help="Branch to commit to; created from main if missing (default: main)."),
     tag: str | None = typer.Option(None, "--tag", help="Tag the published commit (e.g. v1.0)."),
     license: str = typer.Option("unknown", "--license", help="Hub license id for the card, e.g. apache-2.0, cc-by-4.0, llama3.1, other."),
-    pretty_name: str | None = typer.Option(None, "--pretty-name", help="Human-readable name on the card [default: NAME]."),
+    pretty_name: str | None = typer.Option(None, "--pretty-name", help="Human-readable name on the card (default: NAME)."),
     card_tag: list[str] = typer.Option([], "--card-tag", help="Extra tag for the card metadata (repeatable)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Stage everything and print the plan; send nothing."),
-    endpoint: str | None = typer.Option(None, "--endpoint", help="Hub URL [default: $HF_ENDPOINT or https://huggingface.co]."),
+    endpoint: str | None = typer.Option(None, "--endpoint", help="Hub URL (default: $HF_ENDPOINT or https://huggingface.co)."),
     workdir: Path | None = typer.Option(None, "--workdir", help="Staging folder (card, catalog Parquet, links to the store) "
-                                        "[default: a temp folder; with --dry-run ./hiddenstates-publish-NAME]."),
+                                        "(default: a temp folder; with --dry-run ./hiddenstates-publish-NAME)."),
     message: str | None = typer.Option(None, "--message", "-m", help="Commit message."),
 ) -> None:
     """Publish a store to the Hugging Face Hub: data, catalog as Parquet, and a dataset card.

@@ -61,6 +61,7 @@ def train_command(
     attn: str = typer.Option("auto", "--attn", help="Draft attention: auto (flex on CUDA, sdpa on CPU), sdpa, eager, simple_flex_attention."),
     loss_impl: str = typer.Option("auto", "--loss-impl", help="speculators loss implementation: auto (eager), eager or fused."),
     postnorm: str = typer.Option("refuse", "--postnorm", help="A store whose last layer is post-norm: refuse, or skip-verifier-norm (use it as the normalized target)."),
+    tokenizer_check: bool = typer.Option(True, "--tokenizer-check/--no-tokenizer-check", help="Refuse a store whose recorded tokenizer hash differs from the verifier's tokenizer files."),
     num_workers: int = typer.Option(0, "--num-workers", help="DataLoader worker processes [default 0: decode in threads of the training process]."),
     prefetch_mb: int = typer.Option(512, "--prefetch-mb", help="Decoded hidden states read ahead per process, in MiB (bounds loader memory)."),
     log_every: int = typer.Option(1, "--log-every", help="Log a metrics row every N steps."),
@@ -83,7 +84,7 @@ def train_command(
         draft_vocab_size=draft_vocab_size, draft_layers=draft_layers, layers=_parse_layers(layers),
         val_fraction=val_fraction, val_every=val_every, checkpoint_every=checkpoint_every,
         keep_checkpoints=keep_checkpoints, max_steps=max_steps, seed=seed, fsdp=fsdp, resume=resume, device=device,
-        attn=attn, loss_impl=loss_impl, postnorm=postnorm, num_workers=num_workers, prefetch_mb=prefetch_mb,
+        attn=attn, loss_impl=loss_impl, postnorm=postnorm, check_tokenizer=tokenizer_check, num_workers=num_workers, prefetch_mb=prefetch_mb,
         log_every=log_every, progress=progress,
     )
     result = train(config)

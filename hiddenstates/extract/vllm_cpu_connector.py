@@ -12,9 +12,10 @@ is vLLM's own code.
 This module imports vLLM, like ``vllm_backend`` (the only other one that does), and is loaded by
 vLLM's connector factory inside the engine processes. It touches private attributes of the stock
 connector (``_is_tp_rank_zero``, ``_kv_cache``, ``_block_size``, ``_lock_fds``, ``use_lock``,
-``_req_copy_events``), so it is pinned to the vLLM minor version it was tested with
-(``vllm_backend.CPU_CONNECTOR_VLLM_VERSIONS``, checked before the engine starts); tests/extract/test_vllm_cpu_connector.py checks those
-attributes exist and run through the real engine.
+``_req_copy_events``), so it is pinned to the vLLM minor versions it was tested with
+(``vllm_backend.CPU_CONNECTOR_VLLM_VERSIONS``, checked before the engine starts);
+tests/extract/test_vllm_engine.py checks that those attributes still exist and runs it in the real
+engine.
 """
 
 from __future__ import annotations

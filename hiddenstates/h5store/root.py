@@ -69,7 +69,10 @@ class Root:
             if self.is_local:
                 self._fs = fsspec.filesystem("file")
             else:
-                self._fs = fsspec.filesystem(self.protocol, **self.storage_options)
+                # Exact range reads, an optional chunk cache and request counts (hiddenstates.hub.remote).
+                from hiddenstates.hub.remote import open_remote_fs
+
+                self._fs = open_remote_fs(self.protocol, self.storage_options)
             self._fs_pid = os.getpid()
             self._fds = {}
         return self._fs
@@ -225,9 +228,10 @@ class Root:
 
         if self.is_local:
             return zarr.storage.LocalStore(self.full(rel), read_only=read_only)
-        return zarr.storage.FsspecStore.from_url(
-            self.url_of(rel), storage_options=self.storage_options or None, read_only=read_only
-        )
+        from hiddenstates.hub.remote import split_storage_options
+
+        fs_options, _ = split_storage_options(self.storage_options)
+        return zarr.storage.FsspecStore.from_url(self.url_of(rel), storage_options=fs_options or None, read_only=read_only)
 
 
 def _fsync_dir(path: str) -> None:

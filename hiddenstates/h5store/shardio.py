@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import struct
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,6 +148,7 @@ class ChunkReader:
         self.root = root
         self.meta = meta
         self._indexes: dict[int, np.ndarray | None] = {}
+        self._index_lock = threading.Lock()  # threads asking for the same shard index fetch it once
 
     @property
     def chunk_nbytes(self) -> int:
@@ -155,6 +157,12 @@ class ChunkReader:
     def _index(self, outer: int) -> np.ndarray | None:
         if outer in self._indexes:
             return self._indexes[outer]
+        with self._index_lock:
+            if outer in self._indexes:
+                return self._indexes[outer]
+            return self._fetch_index(outer)
+
+    def _fetch_index(self, outer: int) -> np.ndarray | None:
         key = self.meta.object_key(outer)
         n = self.meta.chunks_per_file
         idx_bytes = n * 16 + (4 if self.meta.index_crc else 0)

@@ -478,9 +478,15 @@ class DatasetWriter:
         self.commit()
         self._closed = True
         if self.config.refresh_catalog and self.committed_shards:
-            from hiddenstates.catalog import refresh_catalog
+            if self.root.is_local:
+                from hiddenstates.catalog import refresh_catalog
 
-            refresh_catalog(self.root)
+                refresh_catalog(self.root)
+            else:
+                # A remote root has no catalog.duckdb; its readers open the Parquet export.
+                from hiddenstates.hub.remote import write_catalog_export
+
+                write_catalog_export(self.root)
 
     def _check_open(self) -> None:
         if self._closed:

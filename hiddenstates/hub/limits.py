@@ -61,9 +61,8 @@ def folder_entries(paths: list[str] | tuple[str, ...] | Mapping[str, int]) -> Co
 def _fix_for_folder(folder: str) -> str:
     base = posixpath.basename(folder)
     if folder in ("shards", "manifests"):
-        return ("Too many shards: rewrite the store with larger shards (WriterConfig(shard_bytes=...), "
-                "e.g. `hiddenstates extract --shard-bytes 16GB` into a new root, or run more samples per writer), "
-                "so that fewer, bigger shards hold the same data.")
+        return ("Too many shards: rewrite the store with larger shards (`hiddenstates extract --shard-mb 16384` "
+                "into a new root, or WriterConfig(shard_bytes=...)), so that fewer, bigger shards hold the same data.")
     if base == "hidden_states" or folder.endswith(".zarr"):
         return ("Too many files inside one shard: each file holds WriterConfig.file_bytes of data; rewrite the store "
                 "with a larger file_bytes (e.g. 256 MiB-4 GiB) so each shard has fewer files.")
@@ -88,7 +87,7 @@ def check_layout(files: Mapping[str, int], limits: HubLimits | None = None) -> l
                                       _fix_for_folder(folder)))
     for path, size in sorted(files.items()):
         if size > limits.max_file_bytes:
-            hard = " (the Hub rejects files over %d GB outright)" % (limits.hard_max_file_bytes // _GB)
+            hard = f" (the Hub rejects files over {limits.hard_max_file_bytes // _GB} GB outright)"
             out.append(LimitViolation(
                 "file_size", path, size, limits.max_file_bytes,
                 f"Files this big fail to upload{hard}: rewrite the store with a smaller WriterConfig.file_bytes "

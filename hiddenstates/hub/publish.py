@@ -32,7 +32,14 @@ from pathlib import Path
 from typing import Any
 
 from hiddenstates.errors import ConfigError, HubError, HubLimitsError
-from hiddenstates.h5store.format import DATASET_JSON, MANIFESTS_DIR, RUNS_DIR, SHARDS_DIR, manifest_path, shard_path
+from hiddenstates.h5store.format import (
+    DATASET_JSON,
+    MANIFESTS_DIR,
+    RUNS_DIR,
+    SHARDS_DIR,
+    manifest_path,
+    shard_path,
+)
 from hiddenstates.h5store.root import Root, open_root
 from hiddenstates.hub.card import CATALOG_CONFIGS, CATALOG_DIR, CardInputs, render_card
 from hiddenstates.hub.limits import HubLimits, LimitViolation, check_layout
@@ -417,13 +424,16 @@ def _upload(plan: PublishPlan, config: PublishConfig, token: str | None, say: Ca
     stale = _stale_remote_files(api, config, plan)
     say(f"uploading as {user} to {url} (branch {config.branch}): {len(plan.files):,} files, {_human(plan.total_bytes)}")
     message = config.commit_message or f"Publish hiddenstates dataset ({plan.samples:,} samples, {len(plan.shards):,} shards)"
-    common = {"repo_id": config.repo_id, "repo_type": "dataset", "folder_path": plan.stage_dir,
-              "revision": config.branch, "ignore_patterns": [_MARKER]}
+
+    def send(patterns: list[str], what: str, delete: list[str] | None = None) -> None:
+        api.upload_folder(repo_id=config.repo_id, repo_type="dataset", folder_path=plan.stage_dir,
+                          revision=config.branch, allow_patterns=patterns, ignore_patterns=[_MARKER],
+                          delete_patterns=delete, commit_message=f"{message}: {what}")
+
     say("step 1/2: shard data, dataset.json, run records")
-    api.upload_folder(**common, allow_patterns=_DATA_PATTERNS, commit_message=f"{message}: data")
+    send(_DATA_PATTERNS, "data")
     say("step 2/2: manifests, catalog, dataset card" + (f"; deleting {len(stale)} stale file(s)" if stale else ""))
-    api.upload_folder(**common, allow_patterns=_COMMIT_PATTERNS, commit_message=f"{message}: manifests, catalog, card",
-                      delete_patterns=[_glob.escape(p) for p in stale] or None)
+    send(_COMMIT_PATTERNS, "manifests, catalog, card", [_glob.escape(p) for p in stale] or None)
     after = _head(api, config)
     new_commits = 0
     if after != before:

@@ -18,6 +18,7 @@ extension is downloaded), and only when the export covers exactly the committed 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import logging
@@ -190,7 +191,7 @@ class RemoteFS(AbstractFileSystem):
         try:
             out: datetime.datetime = self.target.modified(self._p(path))
         except (NotImplementedError, KeyError):
-            out = datetime.datetime.fromtimestamp(0, tz=datetime.timezone.utc)
+            out = datetime.datetime.fromtimestamp(0, tz=datetime.UTC)
         with self._info_lock:
             self._modified[path] = out
         return out
@@ -310,10 +311,8 @@ class RemoteFS(AbstractFileSystem):
                 f.write(data)
             os.replace(tmp, target)
         except BaseException:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
-            except FileNotFoundError:
-                pass
             raise
 
     # -- writes (extraction straight to s3:// and the like) ---------------------------------

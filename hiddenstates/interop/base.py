@@ -32,10 +32,12 @@ __all__ = [
     "SourceItem",
     "as_1d",
     "as_2d",
+    "concat_columns",
     "list_files",
     "load_torch_file",
     "natural_key",
     "resolve_layer_ids",
+    "select_columns",
     "trailing_index",
 ]
 
@@ -210,6 +212,33 @@ def as_2d(x: Any, name: str) -> Any:
     if x.dim() != 2:
         raise RejectSample(f"{name} has shape {list(x.shape)}; expected [T, D] or [1, T, D]")
     return x
+
+
+def concat_columns(parts: Sequence[Any]) -> Any:
+    """Concatenate [T, k_i, H] tensors of one dtype on the layer axis, into [T, sum k_i, H].
+
+    Copies through numpy views (bf16 as int16 bits) rather than torch.cat: torch's CPU kernels start
+    intra-op threads, and on a busy machine with loader threads that was ~10x slower (38 vs 3 ms for 8 MB).
+    """
+    import numpy as np
+    import torch
+
+    dtype = parts[0].dtype
+    t, h = parts[0].shape[0], parts[0].shape[2]
+    bits = dtype == torch.bfloat16
+    out = np.empty((t, sum(p.shape[1] for p in parts), h), dtype=np.int16 if bits else torch.empty(0, dtype=dtype).numpy().dtype)
+    k = 0
+    for p in parts:
+        v = p.detach().cpu()
+        out[:, k: k + p.shape[1]] = (v.view(torch.int16) if bits else v).numpy()
+        k += p.shape[1]
+    res = torch.from_numpy(out)
+    return res.view(torch.bfloat16) if bits else res
+
+
+def select_columns(x: Any, order: Sequence[int]) -> Any:
+    """x[:, order] as a new contiguous tensor, copied through numpy (see concat_columns for why)."""
+    return concat_columns([x[:, i: i + 1] for i in order])
 
 
 # -- layer ids ---------------------------------------------------------------------------------

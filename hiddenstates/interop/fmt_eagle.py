@@ -26,6 +26,7 @@ from hiddenstates.interop.base import (
     SourceItem,
     as_1d,
     as_2d,
+    concat_columns,
     list_files,
     load_torch_file,
     trailing_index,
@@ -101,7 +102,7 @@ class EagleFormat(SourceFormat):
                 dtypes = {c.dtype for c in cols}
                 if len(shapes) != 1 or len(dtypes) != 1:
                     raise RejectSample(f"hidden_states tensors differ in shape or dtype: {sorted(shapes)}, {sorted(map(str, dtypes))}")
-                hidden = torch.stack(cols, dim=1)
+                hidden = concat_columns([c.unsqueeze(1) for c in cols])
             elif isinstance(hs, torch.Tensor) and hs.dim() == 3:
                 hidden = hs
             elif isinstance(hs, torch.Tensor):

@@ -23,6 +23,7 @@ from hiddenstates.interop.base import (
     SourceItem,
     as_1d,
     as_2d,
+    concat_columns,
     list_files,
     load_torch_file,
     trailing_index,
@@ -34,8 +35,6 @@ __all__ = ["SpecForgeFormat", "assemble_columns"]
 
 def assemble_columns(last: Any, aux: Any | None, what: str) -> Any:
     """[T, K, H] from the final layer [T, H] and optional aux [T, n*H] (aux columns first)."""
-    import torch
-
     t, h = last.shape
     if aux is None or aux.numel() == 0:
         return last.reshape(t, 1, h)
@@ -45,7 +44,7 @@ def assemble_columns(last: Any, aux: Any | None, what: str) -> Any:
         raise RejectSample(f"{what} is {aux.dtype} but the last hidden state is {last.dtype}")
     if aux.shape[1] % h:
         raise RejectSample(f"{what} width {aux.shape[1]} is not a multiple of the hidden size {h}")
-    return torch.cat([aux.reshape(t, aux.shape[1] // h, h), last.reshape(t, 1, h)], dim=1)
+    return concat_columns([aux.reshape(t, aux.shape[1] // h, h), last.reshape(t, 1, h)])
 
 
 def trim_padding(input_ids: Any, loss_mask: Any, t: int, meta: dict[str, Any]) -> tuple[Any, Any]:

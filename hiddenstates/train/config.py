@@ -58,6 +58,7 @@ class TrainConfig:
     loss: str = "kl_div"
     loss_impl: str = "auto"
     postnorm: str = "refuse"
+    check_tokenizer: bool = True
     num_workers: int = 0
     prefetch_mb: int = 512
     decode_threads: int | None = None

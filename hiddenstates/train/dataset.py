@@ -133,6 +133,7 @@ class HiddenStatesDataset(IterableDataset):
         self.selection = self._select()
         self._shard = self.store.index.shard_idx[self.selection].astype(np.int64)
         self._tokens = self.store.index.num_tokens[self.selection].astype(np.int64)
+        self._starts = self.store.index.token_start[self.selection].astype(np.int64)
         self.fingerprint = self._plan_fingerprint()
         self._plans: dict[int, Plan] = {}
         self._collate: Any = None
@@ -221,7 +222,7 @@ class HiddenStatesDataset(IterableDataset):
         plan = self._plans.get(epoch)
         if plan is None:
             o = self.options
-            plan = Plan.build(self._shard, self._tokens, seed=o.seed, epoch=epoch, shuffle=o.shuffle,
+            plan = Plan.build(self._shard, self._starts, self._tokens, seed=o.seed, epoch=epoch, shuffle=o.shuffle,
                               capacity=o.total_seq_len, block_tokens=o.block_tokens, window_blocks=o.window_blocks,
                               shard_group=o.shard_group, max_open=o.max_open_rows)
             if len(self._plans) > 2:  # keep memory flat over many epochs

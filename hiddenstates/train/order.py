@@ -11,7 +11,7 @@ The plan of one epoch, in order:
    falls below ``val_fraction * 2**64`` (`validation_mask`). The decision depends on the id
    alone, so adding data never moves an existing sample between splits.
 2. **Blocks.** The selected samples, in store order (shard by shard, row by row), are cut into
-   *blocks*: runs of consecutive samples of one shard holding about ``block_tokens`` tokens
+   *blocks*: the samples starting in one ``block_tokens``-aligned token range of one shard
    (`block_bounds`). A block is one contiguous token range of one shard, so reading it touches
    consecutive chunks only.
 3. **Shuffle** (`epoch_order`). Shards are put in a random order; consecutive shards in that order
@@ -134,34 +134,28 @@ def validation_mask(hashes: np.ndarray, val_fraction: float) -> np.ndarray:
 
 
 # -- blocks and shuffle ----------------------------------------------------------------------
-def block_bounds(shard: np.ndarray, lengths: np.ndarray, block_tokens: int) -> np.ndarray:
-    """Boundaries [B+1] cutting samples (in store order) into runs of one shard of ~block_tokens tokens.
+def block_bounds(shard: np.ndarray, token_start: np.ndarray, block_tokens: int) -> np.ndarray:
+    """Boundaries [B+1] cutting samples (in store order) into blocks of one shard's aligned token range.
 
-    A block ends where the shard changes, or once it holds at least `block_tokens` tokens.
+    Samples whose first token lies in the same `block_tokens`-aligned range of the same shard form
+    one block. Aligned to the shard's token grid (not to the selection), a block covers whole chunks
+    when block_tokens is a multiple of the chunk size, and a filtered selection keeps the same blocks.
     """
     if block_tokens <= 0:
         raise ValueError(f"block_tokens must be positive, got {block_tokens}")
     shard = np.asarray(shard, dtype=np.int64)
-    lengths = np.asarray(lengths, dtype=np.int64)
+    token_start = np.asarray(token_start, dtype=np.int64)
     n = shard.size
+    if token_start.size != n:
+        raise ValueError("shard and token_start must have the same size")
     if n == 0:
         return np.zeros(1, dtype=np.int64)
-    if lengths.size != n:
-        raise ValueError("shard and lengths must have the same size")
-    # Tokens before each sample within its shard run, then the block number inside the run.
-    run_start = np.r_[True, shard[1:] != shard[:-1]]
-    run_id = np.cumsum(run_start) - 1
-    cum = np.cumsum(lengths)
-    run_first = np.flatnonzero(run_start)
-    before_run = np.r_[0, cum][run_first][run_id]
-    within = cum - lengths - before_run  # tokens of the run before this sample
-    block_in_run = within // block_tokens
-    new_block = run_start.copy()
-    new_block[1:] |= block_in_run[1:] != block_in_run[:-1]
+    cell = token_start // block_tokens
+    new_block = np.r_[True, (shard[1:] != shard[:-1]) | (cell[1:] != cell[:-1])]
     return np.r_[np.flatnonzero(new_block), n].astype(np.int64)
 
 
-def epoch_order(shard: np.ndarray, lengths: np.ndarray, *, seed: int, epoch: int, shuffle: bool = True,
+def epoch_order(shard: np.ndarray, token_start: np.ndarray, *, seed: int, epoch: int, shuffle: bool = True,
                 block_tokens: int = 16384, window_blocks: int = 8, shard_group: int = 8) -> np.ndarray:
     """Positions (into the store-ordered selection) in this epoch's order. See the module docstring."""
     shard = np.asarray(shard, dtype=np.int64)
@@ -170,7 +164,7 @@ def epoch_order(shard: np.ndarray, lengths: np.ndarray, *, seed: int, epoch: int
         return np.arange(n, dtype=np.int64)
     if window_blocks <= 0 or shard_group <= 0:
         raise ValueError("window_blocks and shard_group must be positive")
-    bounds = block_bounds(shard, lengths, block_tokens)
+    bounds = block_bounds(shard, token_start, block_tokens)
     nblocks = bounds.size - 1
     block_shard = shard[bounds[:-1]]
     shards = np.unique(shard)
@@ -298,10 +292,10 @@ class Plan:
         return self.members[self.offsets[u]: self.offsets[u + 1]]
 
     @classmethod
-    def build(cls, shard: np.ndarray, num_tokens: np.ndarray, *, seed: int, epoch: int, shuffle: bool,
+    def build(cls, shard: np.ndarray, token_start: np.ndarray, num_tokens: np.ndarray, *, seed: int, epoch: int, shuffle: bool,
               capacity: int | None, block_tokens: int, window_blocks: int, shard_group: int,
               max_open: int = 16) -> Plan:
-        order = epoch_order(shard, num_tokens, seed=seed, epoch=epoch, shuffle=shuffle, block_tokens=block_tokens,
+        order = epoch_order(shard, token_start, seed=seed, epoch=epoch, shuffle=shuffle, block_tokens=block_tokens,
                             window_blocks=window_blocks, shard_group=shard_group)
         if capacity is None:
             return cls(order, np.arange(order.size + 1, dtype=np.int64))

@@ -135,7 +135,8 @@ class _Run:
     def _check_verifier(self) -> None:
         self.verifier = load_verifier(self.c.verifier)
         self.notes = check_store_matches(self.train_ds.store, self.verifier, aux_layer_ids=self.train_ds.aux_layer_ids,
-                                         last_layer_id=self.train_ds.last_layer_id, postnorm=self.c.postnorm)
+                                         last_layer_id=self.train_ds.last_layer_id, postnorm=self.c.postnorm,
+                                         check_tokenizer=self.c.check_tokenizer)
 
     def _vocab(self) -> tuple[torch.Tensor | None, torch.Tensor | None, int]:
         target = self.verifier.vocab_size

@@ -6,8 +6,7 @@ and that then proposes garbage; these checks refuse it before any compute is spe
 
 from __future__ import annotations
 
-import hashlib
-import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,7 +17,7 @@ from hiddenstates.layers import LAST_LAYER_POSTNORM
 if TYPE_CHECKING:
     from hiddenstates.h5store.reader import Dataset
 
-__all__ = ["VerifierInfo", "check_store_matches", "load_verifier", "tokenizer_fingerprint"]
+__all__ = ["VerifierInfo", "check_store_matches", "load_verifier"]
 
 
 @dataclass(frozen=True)
@@ -28,27 +27,31 @@ class VerifierInfo:
     num_layers: int
     hidden_size: int
     vocab_size: int
-    tokenizer_sha256: str | None  # see tokenizer_fingerprint; None when the verifier ships no tokenizer
+    tokenizer_hash: str | None  # extraction's tokenizer fingerprint; None when it cannot be computed
+    tokenizer_note: str = ""  # why tokenizer_hash is None
 
 
-def tokenizer_fingerprint(vocab: dict[str, int], special: dict[str, Any] | None = None) -> str:
-    """sha256 of a tokenizer's vocabulary (token -> id) and special tokens, as canonical JSON.
+def _tokenizer_sha(name_or_path: str) -> tuple[str | None, str]:
+    """The verifier's tokenizer fingerprint, computed exactly as extraction records it (tokenizer_hash).
 
-    Two tokenizers with the same fingerprint map text to the same ids; the exact file bytes may
-    differ (formatting, unrelated config), which is why the files themselves are not hashed.
+    (None, why) when it cannot be computed (no tokenizer files; a hub id that is neither cached nor
+    reachable): the vocabulary-range check still runs then, and the reason is shown to the user.
     """
-    payload = {"vocab": sorted(vocab.items(), key=lambda kv: (kv[1], kv[0])), "special": special or {}}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+    from hiddenstates.extract.model import _TOKENIZER_FILES, tokenizer_fingerprint
 
+    path = Path(name_or_path).expanduser()
+    if not path.is_dir():
+        try:
+            from huggingface_hub import snapshot_download
 
-def _tokenizer_sha(name_or_path: str) -> str | None:
-    from transformers import AutoTokenizer
-
-    try:
-        tok = AutoTokenizer.from_pretrained(name_or_path)
-    except (OSError, ValueError, KeyError):
-        return None  # a verifier without tokenizer files: the id-range check still runs
-    return tokenizer_fingerprint(tok.get_vocab(), {k: str(v) for k, v in sorted(tok.special_tokens_map.items())})
+            # Tokenizer files only: a few MB, never the weights.
+            path = Path(snapshot_download(name_or_path, allow_patterns=list(_TOKENIZER_FILES),
+                                          local_files_only=bool(os.environ.get("HF_HUB_OFFLINE"))))
+        except Exception as e:  # offline, gated, unknown repo: huggingface_hub raises many types
+            return None, f"its tokenizer files could not be fetched ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+    if not any((path / f).is_file() for f in _TOKENIZER_FILES):
+        return None, f"{path} holds no tokenizer files"
+    return tokenizer_fingerprint(path), ""
 
 
 def load_verifier(name_or_path: str, *, trust_remote_code: bool = False) -> VerifierInfo:
@@ -65,9 +68,10 @@ def load_verifier(name_or_path: str, *, trust_remote_code: bool = False) -> Veri
     for attr in ("num_hidden_layers", "hidden_size", "vocab_size"):
         if getattr(cfg, attr, None) is None:
             raise TrainingError(f"the verifier config of {name_or_path!r} has no {attr}; is it a decoder-only LM?")
+    tok_hash, tok_note = _tokenizer_sha(name_or_path)
     return VerifierInfo(name_or_path=name_or_path, config=cfg, num_layers=int(cfg.num_hidden_layers),
                         hidden_size=int(cfg.hidden_size), vocab_size=int(cfg.vocab_size),
-                        tokenizer_sha256=_tokenizer_sha(name_or_path))
+                        tokenizer_hash=tok_hash, tokenizer_note=tok_note)
 
 
 def _recorded_tokenizer_hashes(store: Dataset) -> set[str]:
@@ -76,7 +80,7 @@ def _recorded_tokenizer_hashes(store: Dataset) -> set[str]:
 
 
 def check_store_matches(store: Dataset, verifier: VerifierInfo, *, aux_layer_ids: list[int], last_layer_id: int,
-                        postnorm: str) -> list[str]:
+                        postnorm: str, check_tokenizer: bool = True) -> list[str]:
     """Refuse a store that was not captured from this verifier. Returns warnings worth printing."""
     url = store.root.url
     warnings: list[str] = []
@@ -114,14 +118,18 @@ def check_store_matches(store: Dataset, verifier: VerifierInfo, *, aux_layer_ids
             "tokenized with another tokenizer"
         )
     recorded = _recorded_tokenizer_hashes(store)
-    if recorded and verifier.tokenizer_sha256 is not None and verifier.tokenizer_sha256 not in recorded:
-        raise IncompatibleStoreError(
-            f"the store was tokenized with a different tokenizer than the verifier {verifier.name_or_path!r}'s "
-            f"(store: {sorted(recorded)}, verifier: {verifier.tokenizer_sha256}); the draft would learn the wrong "
-            "token ids. Train with the model the store was extracted from"
-        )
-    captured = store.info.capture.get("model")
-    if captured and str(captured) != verifier.name_or_path and not recorded:
-        warnings.append(f"the store was captured from {captured!r}; training for {verifier.name_or_path!r} "
-                        "(layer count, hidden size and vocabulary range match)")
+    if recorded and verifier.tokenizer_hash is not None and verifier.tokenizer_hash not in recorded:
+        if check_tokenizer:
+            raise IncompatibleStoreError(
+                f"the store was tokenized with other tokenizer files than the verifier {verifier.name_or_path!r} has "
+                f"(tokenizer_hash {sorted(recorded)} recorded at extraction, {verifier.tokenizer_hash} now): the draft "
+                "would learn the wrong token ids. Train with the model the store was extracted from; if only the "
+                "files' formatting differs (same vocabulary), pass --no-tokenizer-check"
+            )
+        warnings.append("the verifier's tokenizer files differ from the store's (--no-tokenizer-check)")
+    elif not recorded:
+        warnings.append("the store records no tokenizer hash; only the token-id range was checked against the verifier")
+    elif verifier.tokenizer_hash is None:
+        warnings.append(f"the verifier's tokenizer could not be compared: {verifier.tokenizer_note}; only the token-id "
+                        "range was checked")
     return warnings

@@ -52,7 +52,9 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def backend(env: None, model_dir: Path) -> Iterator[HiddenStateBackend]:
     from hiddenstates.extract.vllm_backend import VLLMBackend
 
-    b = VLLMBackend(str(model_dir), layer_ids=LAYER_IDS, dtype="float32", max_model_len=MAX_MODEL_LEN, **ENGINE_KWARGS)
+    b = VLLMBackend(
+        str(model_dir), layer_ids=LAYER_IDS, dtype="float32", max_model_len=MAX_MODEL_LEN, **ENGINE_KWARGS
+    )
     try:
         yield b
     finally:
@@ -95,12 +97,16 @@ def transformers_reference(model_dir: Path, prompts: list[list[int]]) -> list[di
                 r = model(torch.tensor([seq]), output_hidden_states=True, use_cache=False)
         finally:
             handle.remove()
-        refs.append({"hidden_states": torch.stack([h[0] for h in r.hidden_states]), "prenorm": cap["prenorm"][0]})
+        refs.append(
+            {"hidden_states": torch.stack([h[0] for h in r.hidden_states]), "prenorm": cap["prenorm"][0]}
+        )
     return refs
 
 
 def test_vllm_matches_transformers_ids_below_L_and_prenorm_hook_at_L(
-    backend: HiddenStateBackend, prompts: list[list[int]], transformers_reference: list[dict[str, torch.Tensor]]
+    backend: HiddenStateBackend,
+    prompts: list[list[int]],
+    transformers_reference: list[dict[str, torch.Tensor]],
 ) -> None:
     outs = backend.capture(prompts, LAYER_IDS)
     L = backend.num_layers
@@ -117,7 +123,9 @@ def test_vllm_matches_transformers_ids_below_L_and_prenorm_hook_at_L(
     print(f"max |vLLM - transformers| over {len(prompts)} prompts: {worst:.3g}")
 
 
-def test_vllm_matches_hf_backend(backend: HiddenStateBackend, model_dir: Path, prompts: list[list[int]]) -> None:
+def test_vllm_matches_hf_backend(
+    backend: HiddenStateBackend, model_dir: Path, prompts: list[list[int]]
+) -> None:
     from hiddenstates.extract.hf_backend import HFBackend
 
     hf = HFBackend(model_dir, dtype="float32", device="cpu")
@@ -131,7 +139,9 @@ def test_vllm_matches_hf_backend(backend: HiddenStateBackend, model_dir: Path, p
         torch.testing.assert_close(g, w, atol=FP32_ATOL, rtol=1e-5)
 
 
-def test_vllm_batch_order_does_not_change_results(backend: HiddenStateBackend, prompts: list[list[int]]) -> None:
+def test_vllm_batch_order_does_not_change_results(
+    backend: HiddenStateBackend, prompts: list[list[int]]
+) -> None:
     forward = backend.capture(prompts, LAYER_IDS)
     backward = backend.capture(prompts[::-1], LAYER_IDS)[::-1]
     singles = [backend.capture([p], LAYER_IDS)[0] for p in prompts[:2]]
@@ -141,7 +151,9 @@ def test_vllm_batch_order_does_not_change_results(backend: HiddenStateBackend, p
         torch.testing.assert_close(a, b, atol=FP32_ATOL, rtol=1e-5)
 
 
-def test_vllm_connector_files_on_shm_are_deleted_once_consumed(backend: HiddenStateBackend, prompts: list[list[int]]) -> None:
+def test_vllm_connector_files_on_shm_are_deleted_once_consumed(
+    backend: HiddenStateBackend, prompts: list[list[int]]
+) -> None:
     storage = backend.storage_dir  # type: ignore[attr-defined]
     if Path("/dev/shm").is_dir():
         assert storage.parent == Path("/dev/shm")
@@ -149,12 +161,15 @@ def test_vllm_connector_files_on_shm_are_deleted_once_consumed(backend: HiddenSt
     assert storage.is_dir() and os.listdir(storage) == []
 
 
-def test_vllm_capture_with_other_layer_ids_is_refused(backend: HiddenStateBackend, prompts: list[list[int]]) -> None:
+def test_vllm_capture_with_other_layer_ids_is_refused(
+    backend: HiddenStateBackend, prompts: list[list[int]]
+) -> None:
     with pytest.raises(BackendError, match=r"built for \[0, 2, 4, 5, 8\]"):
         backend.capture(prompts[:1], [2, 4, 5, 8])
 
 
 def test_vllm_overlong_prompt_names_the_request(backend: HiddenStateBackend) -> None:
+    assert backend.max_prompt_len == MAX_MODEL_LEN - 1  # type: ignore[attr-defined]
     with pytest.raises(BackendError, match=r"request 1 of the batch has 256 tokens"):
         backend.capture([[7, 8, 9], [7] * MAX_MODEL_LEN], LAYER_IDS)
 
@@ -181,11 +196,25 @@ def test_vllm_cpu_connector_is_registered_and_its_stock_internals_are_present() 
     for attr in ("_kv_cache", "_block_size", "_lock_fds", "_req_copy_events", "_is_tp_rank_zero", "use_lock"):
         assert f"self.{attr}" in init, f"vLLM's hidden-states connector no longer sets {attr}"
     finished = inspect.getsource(ExampleHiddenStatesConnector.get_finished)
-    assert "_submit_async_write(pending)" in finished and "_req_copy_events" in finished and ".query()" in finished
+    assert (
+        "_submit_async_write(pending)" in finished
+        and "_req_copy_events" in finished
+        and ".query()" in finished
+    )
 
 
-def test_vllm_bfloat16_auto_layers_and_close(env: None, model_dir: Path, prompts: list[list[int]],
-                                             transformers_reference: list[dict[str, torch.Tensor]]) -> None:
+def test_vllm_cpu_connector_slot_mapping_follows_block_order() -> None:
+    from hiddenstates.extract.vllm_cpu_connector import slot_mapping_for_blocks
+
+    assert slot_mapping_for_blocks([3, 1], 4).tolist() == [12, 13, 14, 15, 4, 5, 6, 7]
+
+
+def test_vllm_bfloat16_auto_layers_and_close(
+    env: None,
+    model_dir: Path,
+    prompts: list[list[int]],
+    transformers_reference: list[dict[str, torch.Tensor]],
+) -> None:
     import psutil
 
     from hiddenstates.extract.vllm_backend import VLLMBackend
@@ -198,7 +227,9 @@ def test_vllm_bfloat16_auto_layers_and_close(env: None, model_dir: Path, prompts
         outs = b.capture(prompts[:2], [2, 4, 5, 8])
         for out, ref in zip(outs, transformers_reference, strict=False):
             assert out.dtype == torch.bfloat16
-            want = torch.stack([ref["hidden_states"][2], ref["hidden_states"][4], ref["hidden_states"][5], ref["prenorm"]], 1)
+            want = torch.stack(
+                [ref["hidden_states"][2], ref["hidden_states"][4], ref["hidden_states"][5], ref["prenorm"]], 1
+            )
             # bf16 weights and activations against an fp32 reference: a few bf16 ulps on values of O(1).
             torch.testing.assert_close(out.float(), want, atol=0.05, rtol=0.05)
     finally:

@@ -24,7 +24,7 @@ def subprocess_env(hub: FakeHub, home: str, *, token: bool = True) -> dict[str, 
 
 
 def remote_wired() -> bool:
-    """Whether remote roots read through hiddenstates.hub.remote.RemoteFS (Root.fs wiring, docs/hub.md)."""
+    """Whether remote roots read through hiddenstates.hub.remote.RemoteFS (the Root.fs wiring)."""
     from hiddenstates.h5store.root import Root
     from hiddenstates.hub.remote import RemoteFS
 

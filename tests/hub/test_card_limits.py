@@ -10,7 +10,14 @@ import pytest
 import yaml
 
 from hiddenstates.errors import ConfigError
-from hiddenstates.hub.card import CATALOG_CONFIGS, SIZE_CATEGORIES, CardInputs, card_metadata, render_card, size_category
+from hiddenstates.hub.card import (
+    CATALOG_CONFIGS,
+    SIZE_CATEGORIES,
+    CardInputs,
+    card_metadata,
+    render_card,
+    size_category,
+)
 from hiddenstates.hub.limits import HubLimits, check_layout, folder_entries
 from tests.hub.fakehub import validate_card_metadata
 

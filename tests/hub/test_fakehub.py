@@ -69,7 +69,7 @@ def test_invalid_card_metadata_is_rejected_before_upload(hub: FakeHub, tmp_path:
     api.create_repo(REPO, repo_type="dataset")
     d = _folder(tmp_path, 1)
     (d / "README.md").write_text("---\nlicense: not-a-license\nsize_categories: [huge]\n---\n# x\n")
-    with pytest.raises(ValueError, match="Invalid metadata in README.md"):
+    with pytest.raises(ValueError, match=r"Invalid metadata in README\.md"):
         api.upload_folder(repo_id=REPO, repo_type="dataset", folder_path=d)
     assert not hub.requests("POST", "/commit/")
 
@@ -79,10 +79,10 @@ def test_commit_checks_parent_and_permissions(hub: FakeHub) -> None:
     api.create_repo(REPO, repo_type="dataset")
     first = api.create_commit(REPO, [CommitOperationAdd("a.txt", b"one")], commit_message="one", repo_type="dataset")
     api.create_commit(REPO, [CommitOperationAdd("a.txt", b"two")], commit_message="two", repo_type="dataset")
-    with pytest.raises(Exception, match="412|commit has happened"):
+    with pytest.raises(Exception, match=r"412|commit has happened"):
         api.create_commit(REPO, [CommitOperationAdd("b.txt", b"x")], commit_message="stale", repo_type="dataset",
                           parent_commit=first.oid)
-    with pytest.raises(Exception, match="401|Invalid credentials"):
+    with pytest.raises(Exception, match=r"401|Invalid credentials"):
         HfApi(endpoint=hub.url, token="hf_wrong").create_commit(
             REPO, [CommitOperationAdd("c.txt", b"x")], commit_message="x", repo_type="dataset")
     assert hub.history(REPO) == ["two", "one", "initial commit"]

@@ -176,7 +176,7 @@ def test_branch_and_tag(tmp_path: Path, hub: FakeHub) -> None:
     again = _publish(root, hub, revision="hs-v1", tag="v1.0")  # same content: the tag already fits
     assert again.new_commits == 0
     make_store(tmp_path / "store", n=14, writer_id="rank1")  # new data on the same root
-    with pytest.raises(HubError, match="already exists .* at another commit"):
+    with pytest.raises(HubError, match=r"already exists .* at another commit"):
         _publish(os.fspath(tmp_path / "store"), hub, revision="hs-v1", tag="v1.0")
 
 
@@ -246,3 +246,15 @@ def test_cli_publish_and_missing_token(tmp_path: Path, hub: FakeHub) -> None:
     assert f"published {hub.url}/datasets/{REPO}" in ok.stdout
     assert TOKEN not in ok.stdout + ok.stderr
     assert _front_matter(hub.read(REPO, "README.md").decode())["license"] == "mit"
+
+
+def test_token_not_in_debug_logs_or_output(tmp_path: Path, hub: FakeHub, caplog: pytest.LogCaptureFixture,
+                                            capfd: pytest.CaptureFixture[str]) -> None:
+    import logging
+
+    root = make_store(tmp_path / "store", n=6)
+    with caplog.at_level(logging.DEBUG):
+        _publish(root, hub, progress=print)
+    out, err = capfd.readouterr()
+    assert caplog.records and "uploading as alice" in out
+    assert TOKEN not in caplog.text and TOKEN not in out + err
