@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -21,15 +21,20 @@ Examples:
   hiddenstates extract --out demo-store --overwrite
   hiddenstates extract meta-llama/Llama-3.1-8B-Instruct chats.jsonl --out store --max-len 4096
   hiddenstates extract ./my-model data.parquet --out store --layers 2,16,29,32 --dtype bf16
-  torchrun --nproc-per-node 8 -m hiddenstates extract MODEL DATA --out store
+  torchrun --nproc-per-node 8 -m hiddenstates.cli extract MODEL DATA --out store
 
 Re-running the same command resumes: committed samples are skipped, the rest are extracted. Under torchrun or SLURM each process extracts its share of the rows into its own shards.
 """
 
 # ExtractConfig annotations (strings, under `from __future__ import annotations`) -> CLI types.
 _CLI_TYPES: dict[str, Any] = {
-    "str": str, "int": int, "float": float, "bool": bool,
-    "int | None": Optional[int], "str | None": Optional[str], "float | None": Optional[float],  # noqa: UP045 - typer needs Optional
+    "str": str,
+    "int": int,
+    "float": float,
+    "bool": bool,
+    "int | None": int | None,
+    "str | None": str | None,
+    "float | None": float | None,
     "str | tuple[int, ...]": str,
 }
 
@@ -39,22 +44,56 @@ def _parameters() -> list[inspect.Parameter]:
 
     kw = inspect.Parameter.KEYWORD_ONLY
     params = [
-        inspect.Parameter("model", kw, annotation=Optional[str], default=typer.Argument(  # noqa: UP045
-            None, metavar="MODEL", help="A local model folder or a hub id; omit (or 'default') for the embedded model.")),
-        inspect.Parameter("data", kw, annotation=Optional[str], default=typer.Argument(  # noqa: UP045
-            None, metavar="DATA", help="JSONL, Parquet, a datasets.save_to_disk folder or a hub dataset; omit for the "
-            "embedded conversations.")),
-        inspect.Parameter("out", kw, annotation=str, default=typer.Option(
-            ..., "--out", "-o", help="Dataset root to create or resume (local folder or fsspec URL).")),
+        inspect.Parameter(
+            "model",
+            kw,
+            annotation=str | None,
+            default=typer.Argument(
+                None,
+                metavar="MODEL",
+                help="A local model folder or a hub id; omit (or 'default') for the embedded model.",
+            ),
+        ),
+        inspect.Parameter(
+            "data",
+            kw,
+            annotation=str | None,
+            default=typer.Argument(
+                None,
+                metavar="DATA",
+                help="JSONL, Parquet, a datasets.save_to_disk folder or a hub dataset; omit for the "
+                "embedded conversations.",
+            ),
+        ),
+        inspect.Parameter(
+            "out",
+            kw,
+            annotation=str,
+            default=typer.Option(
+                ..., "--out", "-o", help="Dataset root to create or resume (local folder or fsspec URL)."
+            ),
+        ),
     ]
     for f in cli_fields():
         annotation = _CLI_TYPES.get(str(f.type))
         if annotation is None:
             raise TypeError(f"ExtractConfig.{f.name} has type {f.type!r}, which the CLI cannot map")
-        params.append(inspect.Parameter(f.name, kw, annotation=annotation,
-                                        default=typer.Option(f.default, *str(f.metadata["cli"]).split(), help=f.metadata["help"])))
-    params.append(inspect.Parameter("json_summary", kw, annotation=bool, default=typer.Option(
-        False, "--json", help="Print the summary as JSON instead of a table.")))
+        params.append(
+            inspect.Parameter(
+                f.name,
+                kw,
+                annotation=annotation,
+                default=typer.Option(f.default, *str(f.metadata["cli"]).split(), help=f.metadata["help"]),
+            )
+        )
+    params.append(
+        inspect.Parameter(
+            "json_summary",
+            kw,
+            annotation=bool,
+            default=typer.Option(False, "--json", help="Print the summary as JSON instead of a table."),
+        )
+    )
     return params
 
 
@@ -72,7 +111,13 @@ def extract_command(**kwargs: Any) -> None:
     if model == "default":
         model = None
     config = ExtractConfig(**kwargs)
-    summary = extract(model, data, out=out, config=config, run_extra={"command": "hiddenstates extract " + " ".join(sys.argv[2:])})
+    summary = extract(
+        model,
+        data,
+        out=out,
+        config=config,
+        run_extra={"command": "hiddenstates extract " + " ".join(sys.argv[2:])},
+    )
     if as_json:
         print(json.dumps(summary.to_json(), indent=2))
     else:

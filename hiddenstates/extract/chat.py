@@ -92,7 +92,10 @@ class ChatEncoder:
 
     def render(self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool) -> str:
         text = self.tokenizer.apply_chat_template(
-            list(messages), chat_template=self.chat_template, tokenize=False, add_generation_prompt=add_generation_prompt,
+            list(messages),
+            chat_template=self.chat_template,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
         )
         if not isinstance(text, str):
             raise ExtractionError(f"apply_chat_template returned {type(text).__name__}, expected a string")
@@ -123,7 +126,9 @@ class ChatEncoder:
             cursor = hint = span[1]
         return spans
 
-    def _span_by_prefix(self, messages: Sequence[dict[str, str]], i: int, full: str) -> tuple[int, int] | None:
+    def _span_by_prefix(
+        self, messages: Sequence[dict[str, str]], i: int, full: str
+    ) -> tuple[int, int] | None:
         try:
             prompt = self.render(messages[:i], add_generation_prompt=True) if i > 0 else None
             upto = self.render(messages[: i + 1], add_generation_prompt=False)
@@ -150,10 +155,12 @@ class ChatEncoder:
         for needle in (content, content.strip()):
             k = upto.rfind(needle) if needle else -1
             if k >= 0:
-                return upto[k + len(needle):].rstrip()
+                return upto[k + len(needle) :].rstrip()
         return ""
 
-    def _span_by_search(self, messages: Sequence[dict[str, str]], i: int, full: str, cursor: int) -> tuple[int, int] | None:
+    def _span_by_search(
+        self, messages: Sequence[dict[str, str]], i: int, full: str, cursor: int
+    ) -> tuple[int, int] | None:
         content = messages[i]["content"]
         try:
             upto = self.render(messages[: i + 1], add_generation_prompt=False)
@@ -205,6 +212,8 @@ class ChatEncoder:
     def _boundary(self, text: str, pos: int, full_ids: list[int]) -> int:
         prefix = self.tokenizer(text[:pos], add_special_tokens=False)["input_ids"]
         if full_ids[: len(prefix)] != prefix:
-            raise RowRejected("tokenization_boundary",
-                              f"character {pos} falls inside a token; this tokenizer gives no offsets to resolve it")
+            raise RowRejected(
+                "tokenization_boundary",
+                f"character {pos} falls inside a token; this tokenizer gives no offsets to resolve it",
+            )
         return len(prefix)

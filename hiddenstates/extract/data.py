@@ -43,12 +43,30 @@ __all__ = [
 CANONICAL_ROLES = ("system", "user", "assistant", "tool")
 # ShareGPT and friends spell roles many ways; these are the spellings seen in public chat sets.
 ROLE_ALIASES: dict[str, str] = {
-    "system": "system", "sys": "system", "developer": "system",
-    "user": "user", "human": "user", "prompter": "user", "question": "user",
-    "assistant": "assistant", "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant",
-    "model": "assistant", "bot": "assistant", "ai": "assistant", "claude": "assistant", "llm": "assistant",
-    "chatbot": "assistant", "answer": "assistant",
-    "tool": "tool", "function": "tool", "observation": "tool", "ipython": "tool", "function_response": "tool",
+    "system": "system",
+    "sys": "system",
+    "developer": "system",
+    "user": "user",
+    "human": "user",
+    "prompter": "user",
+    "question": "user",
+    "assistant": "assistant",
+    "gpt": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+    "model": "assistant",
+    "bot": "assistant",
+    "ai": "assistant",
+    "claude": "assistant",
+    "llm": "assistant",
+    "chatbot": "assistant",
+    "answer": "assistant",
+    "tool": "tool",
+    "function": "tool",
+    "observation": "tool",
+    "ipython": "tool",
+    "function_response": "tool",
 }
 
 
@@ -89,11 +107,18 @@ def _text(content: Any, where: str) -> str:
         return content
     # OpenAI's list-of-parts form is only text when every part is text; anything else (images,
     # audio, numbers) has no faithful rendering through a text chat template.
-    if isinstance(content, list) and content and all(
-        isinstance(p, Mapping) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+    if (
+        isinstance(content, list)
+        and content
+        and all(
+            isinstance(p, Mapping) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            for p in content
+        )
     ):
         return "".join(p["text"] for p in content)
-    raise RowRejected("non_string_content", f"{where} has content of type {type(content).__name__}, not a string")
+    raise RowRejected(
+        "non_string_content", f"{where} has content of type {type(content).__name__}, not a string"
+    )
 
 
 def _messages(raw: Any, key: str) -> list[dict[str, str]]:
@@ -116,10 +141,15 @@ def _messages(raw: Any, key: str) -> list[dict[str, str]]:
             raise RowRejected("unknown_role", f"message {i} has no role (keys: {sorted(m)})")
         canonical = ROLE_ALIASES.get(role.strip().lower())
         if canonical is None:
-            raise RowRejected("unknown_role", f"message {i} has role {role!r}; known: {', '.join(CANONICAL_ROLES)} and ShareGPT aliases")
+            raise RowRejected(
+                "unknown_role",
+                f"message {i} has role {role!r}; known: {', '.join(CANONICAL_ROLES)} and ShareGPT aliases",
+            )
         out.append({"role": canonical, "content": _text(content, f"message {i} ({canonical})")})
     if not any(m["role"] == "assistant" for m in out):
-        raise RowRejected("no_assistant_turn", "the conversation has no assistant message, so nothing would be trained on")
+        raise RowRejected(
+            "no_assistant_turn", "the conversation has no assistant message, so nothing would be trained on"
+        )
     return out
 
 
@@ -146,7 +176,9 @@ def normalize_row(record: Any) -> Conversation | Pretokenized:
             raise RowRejected("bad_pretokenized", "pre-tokenized rows need a 'loss_mask' beside 'input_ids'")
         mask = _int_list(record["loss_mask"], "loss_mask")
         if len(mask) != len(ids):
-            raise RowRejected("bad_pretokenized", f"loss_mask has {len(mask)} entries for {len(ids)} input_ids")
+            raise RowRejected(
+                "bad_pretokenized", f"loss_mask has {len(mask)} entries for {len(ids)} input_ids"
+            )
         if not ids:
             raise RowRejected("empty_conversation", "input_ids is empty")
         if any(v not in (0, 1) for v in mask):
@@ -159,7 +191,9 @@ def normalize_row(record: Any) -> Conversation | Pretokenized:
     for key in ("messages", "conversations", "conversation"):
         if key in record and record[key] is not None:
             return Conversation(messages=_messages(record[key], key), meta=meta)
-    raise RowRejected("unrecognized_row", f"no 'messages', 'conversations' or 'input_ids' (keys: {sorted(record)[:8]})")
+    raise RowRejected(
+        "unrecognized_row", f"no 'messages', 'conversations' or 'input_ids' (keys: {sorted(record)[:8]})"
+    )
 
 
 # -- sources ----------------------------------------------------------------------------------
@@ -190,7 +224,12 @@ class DataSource:
         return self._count() if self._count is not None else None
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "kind": self.kind, "location": self.location, "fingerprint": self.fingerprint}
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "location": self.location,
+            "fingerprint": self.fingerprint,
+        }
 
     @staticmethod
     def unwrap(record: Any) -> Any:
@@ -238,9 +277,13 @@ def _json_array_rows(path: Path) -> Iterator[tuple[int, Any]]:
         try:
             data = json.load(f)
         except ValueError as e:
-            raise ExtractionError(f"{path} is not valid JSON ({e}); use JSON Lines (one object per line) or fix it") from e
+            raise ExtractionError(
+                f"{path} is not valid JSON ({e}); use JSON Lines (one object per line) or fix it"
+            ) from e
     if not isinstance(data, list):
-        raise ExtractionError(f"{path} holds a JSON {type(data).__name__}; expected an array of rows or JSON Lines")
+        raise ExtractionError(
+            f"{path} holds a JSON {type(data).__name__}; expected an array of rows or JSON Lines"
+        )
     yield from enumerate(data)
 
 
@@ -275,14 +318,32 @@ def _file_fingerprint(path: Path) -> str:
 def _file_source(path: Path, name: str) -> DataSource:
     suffixes = [s.lower() for s in path.suffixes]
     if suffixes and suffixes[-1] == ".parquet":
-        return DataSource(name=name, kind="parquet", location=str(path), _rows=lambda: _parquet_rows(path),
-                          _count=lambda: _parquet_count(path), fingerprint=_file_fingerprint(path))
+        return DataSource(
+            name=name,
+            kind="parquet",
+            location=str(path),
+            _rows=lambda: _parquet_rows(path),
+            _count=lambda: _parquet_count(path),
+            fingerprint=_file_fingerprint(path),
+        )
     if any(s in (".jsonl", ".json", ".ndjson") for s in suffixes):
         if _is_json_array(path):
-            return DataSource(name=name, kind="json", location=str(path), _rows=lambda: _json_array_rows(path),
-                              _count=None, fingerprint=_file_fingerprint(path))
-        return DataSource(name=name, kind="jsonl", location=str(path), _rows=lambda: _jsonl_rows(path),
-                          _count=lambda: _count_lines(path), fingerprint=_file_fingerprint(path))
+            return DataSource(
+                name=name,
+                kind="json",
+                location=str(path),
+                _rows=lambda: _json_array_rows(path),
+                _count=None,
+                fingerprint=_file_fingerprint(path),
+            )
+        return DataSource(
+            name=name,
+            kind="jsonl",
+            location=str(path),
+            _rows=lambda: _jsonl_rows(path),
+            _count=lambda: _count_lines(path),
+            fingerprint=_file_fingerprint(path),
+        )
     raise ConfigError(f"cannot tell the format of {path}: name it .jsonl, .json, .jsonl.gz or .parquet")
 
 
@@ -324,25 +385,44 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 def looks_like_path(spec: str) -> bool:
     """A local path rather than a hub id ('name' or 'org/name'): explicit prefixes, several '/', or a file extension."""
-    return (spec.startswith((".", "/", "~")) or spec.count("/") > 1 or (os.sep != "/" and os.sep in spec)
-            or bool(re.search(r"\.(jsonl|json|ndjson|parquet|gz)$", spec, re.I)))
+    return (
+        spec.startswith((".", "/", "~"))
+        or spec.count("/") > 1
+        or (os.sep != "/" and os.sep in spec)
+        or bool(re.search(r"\.(jsonl|json|ndjson|parquet|gz)$", spec, re.I))
+    )
 
 
-def open_data(data: str | os.PathLike[str] | Iterable[Mapping[str, Any]] | None, *, split: str = "train",
-              source: str | None = None) -> DataSource:
+def open_data(
+    data: str | os.PathLike[str] | Iterable[Mapping[str, Any]] | None,
+    *,
+    split: str = "train",
+    source: str | None = None,
+) -> DataSource:
     """Resolve DATA into a DataSource. None means the embedded default conversations."""
     if data is None:
         from hiddenstates.extract.default import default_data_path
 
         path = default_data_path()
-        return DataSource(name=source or "default", kind="jsonl", location="hiddenstates:default/conversations.jsonl",
-                          _rows=lambda: _jsonl_rows(path), _count=lambda: _count_lines(path),
-                          fingerprint=_file_fingerprint(path))
+        return DataSource(
+            name=source or "default",
+            kind="jsonl",
+            location="hiddenstates:default/conversations.jsonl",
+            _rows=lambda: _jsonl_rows(path),
+            _count=lambda: _count_lines(path),
+            fingerprint=_file_fingerprint(path),
+        )
     if not isinstance(data, (str, os.PathLike)):
         rows = list(data)
         digest = hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()[:16]
-        return DataSource(name=source or "inline", kind="inline", location="<python list>",
-                          _rows=lambda: iter(enumerate(rows)), _count=lambda: len(rows), fingerprint=digest)
+        return DataSource(
+            name=source or "inline",
+            kind="inline",
+            location="<python list>",
+            _rows=lambda: iter(enumerate(rows)),
+            _count=lambda: len(rows),
+            fingerprint=digest,
+        )
     spec = os.fspath(data)
     path = Path(spec).expanduser()
     if path.is_file():
@@ -350,7 +430,9 @@ def open_data(data: str | os.PathLike[str] | Iterable[Mapping[str, Any]] | None,
     if path.is_dir():
         return _folder_source(path, split=split, source=source)
     if looks_like_path(spec) or not _HUB_ID.match(spec):
-        raise ConfigError(f"data {spec!r} does not exist (expected a JSONL/Parquet file, a folder, or a hub dataset name)")
+        raise ConfigError(
+            f"data {spec!r} does not exist (expected a JSONL/Parquet file, a folder, or a hub dataset name)"
+        )
     return _hub_source(spec, split=split, source=source)
 
 
@@ -367,18 +449,36 @@ def _folder_source(path: Path, *, split: str, source: str | None) -> DataSource:
         obj = _pick_split(loaded, split, str(path))
         if (path / "dataset_dict.json").exists() and split != "train":
             name = source or f"{name}:{split}"
-        return DataSource(name=name, kind="datasets-disk", location=str(path), _rows=lambda: _datasets_rows(obj),
-                          _count=lambda: len(obj), fingerprint=getattr(obj, "_fingerprint", None))
-    files = sorted(p for p in path.iterdir() if p.is_file() and re.search(r"\.(jsonl|ndjson|json|parquet)(\.gz)?$", p.name, re.I))
+        return DataSource(
+            name=name,
+            kind="datasets-disk",
+            location=str(path),
+            _rows=lambda: _datasets_rows(obj),
+            _count=lambda: len(obj),
+            fingerprint=getattr(obj, "_fingerprint", None),
+        )
+    files = sorted(
+        p
+        for p in path.iterdir()
+        if p.is_file() and re.search(r"\.(jsonl|ndjson|json|parquet)(\.gz)?$", p.name, re.I)
+    )
     if not files:
-        raise ConfigError(f"folder {path} holds no .jsonl/.json/.parquet files and is not a `datasets.save_to_disk` folder")
+        raise ConfigError(
+            f"folder {path} holds no .jsonl/.json/.parquet files and is not a `datasets.save_to_disk` folder"
+        )
     h = hashlib.sha256()
     for f in files:
         h.update(_file_fingerprint(f).encode())
     counts = [_file_source(f, f.stem).num_rows() for f in files]
     total = None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
-    return DataSource(name=name, kind="folder", location=str(path), _rows=lambda: _concat(files),
-                      _count=lambda: total, fingerprint=h.hexdigest()[:16])
+    return DataSource(
+        name=name,
+        kind="folder",
+        location=str(path),
+        _rows=lambda: _concat(files),
+        _count=lambda: total,
+        fingerprint=h.hexdigest()[:16],
+    )
 
 
 def _hub_source(name: str, *, split: str, source: str | None) -> DataSource:
@@ -390,10 +490,20 @@ def _hub_source(name: str, *, split: str, source: str | None) -> DataSource:
         offline = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("HF_DATASETS_OFFLINE")
         raise ExtractionError(
             f"cannot load hub dataset {name!r} split {split!r} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). "
-            + ("Offline mode is on and it is not in the local cache; " if offline else "It is not cached and could not be downloaded; ")
+            + (
+                "Offline mode is on and it is not in the local cache; "
+                if offline
+                else "It is not cached and could not be downloaded; "
+            )
             + "download it once with network access (datasets.load_dataset), or pass a local JSONL/Parquet file or a "
             "save_to_disk folder"
         ) from e
     label = name if split == "train" else f"{name}:{split}"
-    return DataSource(name=source or label, kind="hub", location=f"hf://datasets/{name}", _rows=lambda: _datasets_rows(ds),
-                      _count=lambda: len(ds), fingerprint=getattr(ds, "_fingerprint", None))
+    return DataSource(
+        name=source or label,
+        kind="hub",
+        location=f"hf://datasets/{name}",
+        _rows=lambda: _datasets_rows(ds),
+        _count=lambda: len(ds),
+        fingerprint=getattr(ds, "_fingerprint", None),
+    )

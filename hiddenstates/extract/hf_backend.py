@@ -42,10 +42,15 @@ def resolve_device(device: str, local_rank: int | None = None) -> torch.device:
 
 def find_decoder_layers(model: torch.nn.Module, num_layers: int) -> torch.nn.ModuleList:
     """The ModuleList of decoder layers: the one with L entries, preferring the usual names."""
-    candidates = [(name, mod) for name, mod in model.named_modules()
-                  if isinstance(mod, torch.nn.ModuleList) and len(mod) == num_layers]
+    candidates = [
+        (name, mod)
+        for name, mod in model.named_modules()
+        if isinstance(mod, torch.nn.ModuleList) and len(mod) == num_layers
+    ]
     if not candidates:
-        raise BackendError(f"cannot find the {num_layers} decoder layers in {type(model).__name__}: no ModuleList of that length")
+        raise BackendError(
+            f"cannot find the {num_layers} decoder layers in {type(model).__name__}: no ModuleList of that length"
+        )
     preferred = [c for c in candidates if c[0].split(".")[-1] in ("layers", "h", "blocks", "layer")]
     _name, mod = (preferred or candidates)[0]
     return mod  # type: ignore[return-value]
@@ -61,14 +66,24 @@ class HFBackend:
 
     name = "hf"
 
-    def __init__(self, model_dir: str | os.PathLike[str], *, dtype: str = "bfloat16", device: str = "auto",
-                 local_rank: int | None = None, trust_remote_code: bool = False, revision: str | None = None,
-                 attn_implementation: str | None = "sdpa") -> None:
+    def __init__(
+        self,
+        model_dir: str | os.PathLike[str],
+        *,
+        dtype: str = "bfloat16",
+        device: str = "auto",
+        local_rank: int | None = None,
+        trust_remote_code: bool = False,
+        revision: str | None = None,
+        attn_implementation: str | None = "sdpa",
+    ) -> None:
         import transformers
         from transformers import AutoConfig, AutoModelForCausalLM
 
         if dtype not in _TORCH_DTYPES:
-            raise ConfigError(f"dtype {dtype!r} is not supported by the hf backend; use bfloat16, float16 or float32")
+            raise ConfigError(
+                f"dtype {dtype!r} is not supported by the hf backend; use bfloat16, float16 or float32"
+            )
         self.dtype = _TORCH_DTYPES[dtype]
         self.device = resolve_device(device, local_rank)
         self._transformers_version = transformers.__version__
@@ -79,7 +94,11 @@ class HFBackend:
         # The weight-loading bar is noise next to ours; the loading report's warnings still show.
         transformers.utils.logging.disable_progress_bar()
         try:
-            kwargs: dict[str, Any] = {"dtype": self.dtype, "trust_remote_code": trust_remote_code, "revision": revision}
+            kwargs: dict[str, Any] = {
+                "dtype": self.dtype,
+                "trust_remote_code": trust_remote_code,
+                "revision": revision,
+            }
             if attn_implementation:
                 kwargs["attn_implementation"] = attn_implementation
             model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
@@ -88,7 +107,7 @@ class HFBackend:
         finally:
             transformers.utils.logging.enable_progress_bar()
         model.eval().requires_grad_(False)
-        model.to(self.device)
+        model.to(self.device)  # type: ignore[arg-type]  # transformers' stub types .to() narrowly
         # The decoder stack alone: the LM head's logits are never needed.
         get_decoder = getattr(model, "get_decoder", None)
         decoder = get_decoder() if callable(get_decoder) else None
@@ -106,13 +125,17 @@ class HFBackend:
             if not 0 <= i <= L:
                 raise ConfigError(f"layer id {i} is out of range 0..{L}")
             if i < L:
+
                 def pre(_mod: Any, args: tuple[Any, ...], kwargs: dict[str, Any], i: int = i) -> None:
                     h = args[0] if args else kwargs["hidden_states"]
                     store[i] = h
+
                 handles.append(self._layers[i].register_forward_pre_hook(pre, with_kwargs=True))
             else:
+
                 def post(_mod: Any, _args: Any, out: Any, i: int = i) -> None:
                     store[i] = out[0] if isinstance(out, (tuple, list)) else out
+
                 handles.append(self._layers[L - 1].register_forward_hook(post))
         return handles
 
@@ -143,10 +166,14 @@ class HFBackend:
                 h.remove()
         missing = [i for i in ids if i not in store]
         if missing:
-            raise BackendError(f"the forward pass never reached layer ids {missing}; the model's layer structure is unusual")
+            raise BackendError(
+                f"the forward pass never reached layer ids {missing}; the model's layer structure is unusual"
+            )
         stacked = torch.stack([store[i] for i in ids], dim=2)  # [B, T, K, H]
         if stacked.shape[-1] != self.hidden_size or stacked.shape[:2] != (len(batch), T):
-            raise BackendError(f"captured states have shape {tuple(stacked.shape)}, expected [{len(batch)}, {T}, K, {self.hidden_size}]")
+            raise BackendError(
+                f"captured states have shape {tuple(stacked.shape)}, expected [{len(batch)}, {T}, K, {self.hidden_size}]"
+            )
         stacked = stacked.to(self.dtype).cpu()
         return [stacked[r, :n].contiguous() for r, n in enumerate(lengths)]
 

@@ -21,9 +21,18 @@ __all__ = ["ResolvedModel", "folder_fingerprint", "resolve_model", "tokenizer_fi
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$|^[A-Za-z0-9][\w.-]*$")
 _WEIGHTS = re.compile(r"\.(safetensors|bin|pt|pth|gguf)$")
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "merges.txt", "vocab.txt",
-                    "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
-                    "chat_template.json")
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "vocab.txt",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+)
 _HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.py", "*.tiktoken"]
 
 
@@ -68,17 +77,26 @@ def resolve_model(model: str | os.PathLike[str] | None, *, revision: str | None 
     if model is None:
         from hiddenstates.extract.default import DEFAULT_MODEL_NAME, default_model_dir, default_model_revision
 
-        return ResolvedModel(path=default_model_dir(), name=DEFAULT_MODEL_NAME, revision=default_model_revision(),
-                             origin="default")
+        return ResolvedModel(
+            path=default_model_dir(),
+            name=DEFAULT_MODEL_NAME,
+            revision=default_model_revision(),
+            origin="default",
+        )
     spec = os.fspath(model)
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise ConfigError(f"model folder {path} has no config.json; point MODEL at a Hugging Face model folder")
-        return ResolvedModel(path=path.resolve(), name=path.resolve().name, revision=folder_fingerprint(path),
-                             origin="local")
+            raise ConfigError(
+                f"model folder {path} has no config.json; point MODEL at a Hugging Face model folder"
+            )
+        return ResolvedModel(
+            path=path.resolve(), name=path.resolve().name, revision=folder_fingerprint(path), origin="local"
+        )
     if path.exists():
-        raise ConfigError(f"MODEL {spec!r} is a file; pass the model's folder (config.json, weights, tokenizer)")
+        raise ConfigError(
+            f"MODEL {spec!r} is a file; pass the model's folder (config.json, weights, tokenizer)"
+        )
     if spec.startswith((".", "/", "~")) or not _HUB_ID.match(spec):
         raise ConfigError(f"model folder {spec!r} does not exist (and it is not a hub id like 'org/name')")
     return _resolve_hub(spec, revision)
@@ -89,13 +107,21 @@ def _resolve_hub(repo_id: str, revision: str | None) -> ResolvedModel:
 
     offline = bool(os.environ.get("HF_HUB_OFFLINE"))
     try:
-        local = snapshot_download(repo_id, revision=revision, allow_patterns=_HUB_PATTERNS, local_files_only=offline)
+        local = snapshot_download(
+            repo_id, revision=revision, allow_patterns=_HUB_PATTERNS, local_files_only=offline
+        )
     except Exception as e:  # huggingface_hub raises several types for "not cached", "offline", "no such repo"
         raise ExtractionError(
             f"cannot resolve model {repo_id!r}{f' @ {revision}' if revision else ''} through the Hugging Face cache "
             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). "
-            + ("Offline mode (HF_HUB_OFFLINE) is on and it is not cached: " if offline else "It is not cached and could not be downloaded: ")
-            + "download it once with network access (`hf download " + repo_id + "`) or pass a local model folder"
+            + (
+                "Offline mode (HF_HUB_OFFLINE) is on and it is not cached: "
+                if offline
+                else "It is not cached and could not be downloaded: "
+            )
+            + "download it once with network access (`hf download "
+            + repo_id
+            + "`) or pass a local model folder"
         ) from e
     path = Path(local)
     # Snapshot folders are named by the commit hash they hold.

@@ -56,23 +56,34 @@ def _int_env(env: Mapping[str, str], name: str) -> int | None:
         raise ConfigError(f"environment variable {name}={raw!r} is not an integer") from None
 
 
-def resolve_partition(num_shards: int | None, shard_index: int | None,
-                      environ: Mapping[str, str] | None = None) -> Partition:
+def resolve_partition(
+    num_shards: int | None, shard_index: int | None, environ: Mapping[str, str] | None = None
+) -> Partition:
     """Flags win; else torchrun's RANK/WORLD_SIZE; else SLURM's SLURM_PROCID/SLURM_NTASKS; else one process."""
     env = os.environ if environ is None else environ
     if num_shards is not None or shard_index is not None:
         if num_shards is None or shard_index is None:
             raise ConfigError("pass --num-shards and --shard-index together")
-        part = Partition(num_shards=num_shards, shard_index=shard_index, origin="flags",
-                         local_rank=_int_env(env, "LOCAL_RANK"))
+        part = Partition(
+            num_shards=num_shards,
+            shard_index=shard_index,
+            origin="flags",
+            local_rank=_int_env(env, "LOCAL_RANK"),
+        )
     elif _int_env(env, "WORLD_SIZE") is not None:
         world, rank = _int_env(env, "WORLD_SIZE"), _int_env(env, "RANK")
         if rank is None:
             raise ConfigError("WORLD_SIZE is set but RANK is not; launch with torchrun or pass --shard-index")
-        part = Partition(num_shards=world or 0, shard_index=rank, origin="torchrun", local_rank=_int_env(env, "LOCAL_RANK"))
+        part = Partition(
+            num_shards=world or 0, shard_index=rank, origin="torchrun", local_rank=_int_env(env, "LOCAL_RANK")
+        )
     elif _int_env(env, "SLURM_NTASKS") is not None and _int_env(env, "SLURM_PROCID") is not None:
-        part = Partition(num_shards=_int_env(env, "SLURM_NTASKS") or 0, shard_index=_int_env(env, "SLURM_PROCID") or 0,
-                         origin="slurm", local_rank=_int_env(env, "SLURM_LOCALID"))
+        part = Partition(
+            num_shards=_int_env(env, "SLURM_NTASKS") or 0,
+            shard_index=_int_env(env, "SLURM_PROCID") or 0,
+            origin="slurm",
+            local_rank=_int_env(env, "SLURM_LOCALID"),
+        )
     else:
         part = Partition(num_shards=1, shard_index=0, origin="single", local_rank=_int_env(env, "LOCAL_RANK"))
     if part.num_shards < 1 or not 0 <= part.shard_index < part.num_shards:

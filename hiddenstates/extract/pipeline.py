@@ -70,11 +70,28 @@ __all__ = [
 
 # capture= keys that must match for a run to add samples to an existing dataset (the writer itself
 # checks layer ids, hidden size, dtype, layer count, and capture.model / capture.revision).
-IDENTITY_KEYS = ("model", "revision", "tokenizer_hash", "chat_template_hash", "mask_rule", "max_len", "on_long")
+IDENTITY_KEYS = (
+    "model",
+    "revision",
+    "tokenizer_hash",
+    "chat_template_hash",
+    "mask_rule",
+    "max_len",
+    "on_long",
+)
 # Padding wasted per batch is kept below this fraction (see plan_batches).
 PAD_SLACK = 0.125
-_OWN_ENTRIES = {DATASET_JSON, SHARDS_DIR, MANIFESTS_DIR, RUNS_DIR, CATALOG_FILE, f"{CATALOG_FILE}.wal", "catalog.lock",
-                ".catalog.lock", "catalog"}
+_OWN_ENTRIES = {
+    DATASET_JSON,
+    SHARDS_DIR,
+    MANIFESTS_DIR,
+    RUNS_DIR,
+    CATALOG_FILE,
+    f"{CATALOG_FILE}.wal",
+    "catalog.lock",
+    ".catalog.lock",
+    "catalog",
+}
 
 
 def sample_id_for(source: str, row: int) -> str:
@@ -130,8 +147,16 @@ def plan_batches(lengths: Sequence[int], batch_tokens: int, *, slack: float = PA
     return batches
 
 
-def prepare_samples(source: DataSource, encoder: ChatEncoder | Exception, partition: Partition, *, limit: int | None,
-                    max_len: int, on_long: str, vocab_size: int | None) -> Iterator[PreparedSample | Reject]:
+def prepare_samples(
+    source: DataSource,
+    encoder: ChatEncoder | Exception,
+    partition: Partition,
+    *,
+    limit: int | None,
+    max_len: int,
+    on_long: str,
+    vocab_size: int | None,
+) -> Iterator[PreparedSample | Reject]:
     """This process's rows as samples (tokens + mask) or rejects, in input order."""
     for row, record in source:
         if limit is not None and row >= limit:
@@ -150,19 +175,31 @@ def prepare_samples(source: DataSource, encoder: ChatEncoder | Exception, partit
                 ids = np.asarray(parsed.input_ids, dtype=np.int64)
                 mask = np.asarray(parsed.loss_mask, dtype=bool)
                 if vocab_size is not None and ids.max() >= vocab_size:
-                    raise RowRejected("bad_pretokenized", f"token id {int(ids.max())} is outside the model's vocabulary ({vocab_size})")
+                    raise RowRejected(
+                        "bad_pretokenized",
+                        f"token id {int(ids.max())} is outside the model's vocabulary ({vocab_size})",
+                    )
             truncated = False
             if ids.size > max_len:
                 if on_long == "skip":
                     raise RowRejected("too_long", f"{ids.size} tokens > --max-len {max_len}")
                 ids, mask, truncated = ids[:max_len], mask[:max_len], True
                 if not mask.any():
-                    raise RowRejected("all_zero_mask", f"no assistant token within the first {max_len} tokens (truncated)")
+                    raise RowRejected(
+                        "all_zero_mask", f"no assistant token within the first {max_len} tokens (truncated)"
+                    )
         except RowRejected as r:
             yield Reject(sample_id=sid, source=source.name, row=row, reason=r.reason)
             continue
-        yield PreparedSample(sample_id=sid, source=source.name, row=row, input_ids=ids, loss_mask=mask,
-                             truncated=truncated, meta=parsed.meta or None)
+        yield PreparedSample(
+            sample_id=sid,
+            source=source.name,
+            row=row,
+            input_ids=ids,
+            loss_mask=mask,
+            truncated=truncated,
+            meta=parsed.meta or None,
+        )
 
 
 # -- output root ------------------------------------------------------------------------------
@@ -186,21 +223,33 @@ def clear_output(root: Root) -> None:
             root.rm(name, recursive=True)
 
 
-def check_resume_identity(root: Root, capture: Mapping[str, Any], *, layer_ids: Sequence[int], hidden_size: int,
-                          dtype: str, num_layers: int) -> None:
+def check_resume_identity(
+    root: Root,
+    capture: Mapping[str, Any],
+    *,
+    layer_ids: Sequence[int],
+    hidden_size: int,
+    dtype: str,
+    num_layers: int,
+) -> None:
     """Refuse to add samples to a dataset made with different model, tokenizer, template or settings."""
     if not root.exists(DATASET_JSON):
         return
     info = read_dataset_info(root)
     diffs = []
-    for name, have, want in (("layer ids", info.layer_ids, list(layer_ids)), ("hidden size", info.hidden_size, hidden_size),
-                             ("dtype", info.dtype, dtype), ("decoder layers", info.num_layers, num_layers)):
+    checks: list[tuple[str, Any, Any]] = [
+        ("layer ids", info.layer_ids, list(layer_ids)),
+        ("hidden size", info.hidden_size, hidden_size),
+        ("dtype", info.dtype, dtype),
+        ("decoder layers", info.num_layers, num_layers),
+    ]
+    for name, have, want in checks:
         if have is not None and have != want:
             diffs.append(f"{name}: stored {have}, now {want}")
     for key in IDENTITY_KEYS:
-        have, want = info.capture.get(key), capture.get(key)
-        if have is not None and want is not None and have != want:
-            diffs.append(f"{key}: stored {have!r}, now {want!r}")
+        stored, now = info.capture.get(key), capture.get(key)
+        if stored is not None and now is not None and stored != now:
+            diffs.append(f"{key}: stored {stored!r}, now {now!r}")
     if diffs:
         raise IncompatibleStoreError(
             f"{root.url} already holds samples extracted with other settings ({'; '.join(diffs)}); adding to it would "
@@ -231,12 +280,19 @@ def _load_tokenizer(path: Path, *, trust_remote_code: bool) -> Any:
         raise ExtractionError(f"cannot load the tokenizer of {path}: {e}") from e
 
 
-def create_backend(config: ExtractConfig, model: ResolvedModel, partition: Partition, *, max_len: int) -> HiddenStateBackend:
+def create_backend(
+    config: ExtractConfig, model: ResolvedModel, partition: Partition, *, max_len: int
+) -> HiddenStateBackend:
     if config.backend == "hf":
         from hiddenstates.extract.hf_backend import HFBackend
 
-        return HFBackend(model.path, dtype=config.dtype, device=config.device, local_rank=partition.local_rank,
-                         trust_remote_code=config.trust_remote_code)
+        return HFBackend(
+            model.path,
+            dtype=config.dtype,
+            device=config.device,
+            local_rank=partition.local_rank,
+            trust_remote_code=config.trust_remote_code,
+        )
     try:
         from hiddenstates.extract.vllm_backend import VLLMBackend
     except ImportError as e:
@@ -249,11 +305,19 @@ def create_backend(config: ExtractConfig, model: ResolvedModel, partition: Parti
         try:
             layers = [int(p) for p in config.layers.split(",") if p.strip()]
         except ValueError as e:
-            raise ConfigError(f"cannot parse layer ids {config.layers!r}: use 'auto' or e.g. 2,16,29,32") from e
+            raise ConfigError(
+                f"cannot parse layer ids {config.layers!r}: use 'auto' or e.g. 2,16,29,32"
+            ) from e
     else:
         layers = list(config.layers)
-    return VLLMBackend(str(model.path), layer_ids=layers, dtype=config.dtype, tp=config.tp, max_model_len=max_len,
-                       trust_remote_code=config.trust_remote_code)
+    return VLLMBackend(
+        str(model.path),
+        layer_ids=layers,
+        dtype=config.dtype,
+        tp=config.tp,
+        max_model_len=max_len,
+        trust_remote_code=config.trust_remote_code,
+    )
 
 
 def _committed_reject_ids(root: Root) -> set[str]:
@@ -270,7 +334,9 @@ _STOP = object()
 
 
 class _WriterThread(threading.Thread):
-    def __init__(self, writer: Any, q: queue.Queue[Any], *, commit_every_s: float, summary: ExtractSummary) -> None:
+    def __init__(
+        self, writer: Any, q: queue.Queue[Any], *, commit_every_s: float, summary: ExtractSummary
+    ) -> None:
         super().__init__(name="hiddenstates-writer", daemon=True)
         self.writer, self.q, self.commit_every_s, self.summary = writer, q, commit_every_s, summary
         self.error: BaseException | None = None
@@ -292,9 +358,16 @@ class _WriterThread(threading.Thread):
             kind, payload = item
             if kind == "samples":
                 for sample, states in payload:
-                    w.append(sample.sample_id, input_ids=sample.input_ids, loss_mask=sample.loss_mask,
-                             hidden_states=states, source=sample.source, source_row=sample.row,
-                             truncated=sample.truncated, meta=sample.meta)
+                    w.append(
+                        sample.sample_id,
+                        input_ids=sample.input_ids,
+                        loss_mask=sample.loss_mask,
+                        hidden_states=states,
+                        source=sample.source,
+                        source_row=sample.row,
+                        truncated=sample.truncated,
+                        meta=sample.meta,
+                    )
                     s.samples_written += 1
                     s.tokens += sample.num_tokens
                     s.loss_tokens += int(sample.loss_mask.sum())
@@ -341,10 +414,17 @@ class _WriterThread(threading.Thread):
 
 
 # -- the run ----------------------------------------------------------------------------------
-def extract(model: str | os.PathLike[str] | None = None, data: Any = None, *, out: str | os.PathLike[str],
-            config: ExtractConfig | None = None, backend: HiddenStateBackend | None = None,
-            environ: Mapping[str, str] | None = None, run_extra: Mapping[str, Any] | None = None,
-            **overrides: Any) -> ExtractSummary:
+def extract(
+    model: str | os.PathLike[str] | None = None,
+    data: Any = None,
+    *,
+    out: str | os.PathLike[str],
+    config: ExtractConfig | None = None,
+    backend: HiddenStateBackend | None = None,
+    environ: Mapping[str, str] | None = None,
+    run_extra: Mapping[str, Any] | None = None,
+    **overrides: Any,
+) -> ExtractSummary:
     """Extract hidden states of `model` over `data` into the dataset at `out`.
 
     `model`: a local model folder, a hub id, or None for the embedded default model.
@@ -388,46 +468,116 @@ def extract(model: str | os.PathLike[str] | None = None, data: Any = None, *, ou
     owned = backend is None
     engine = create_backend(cfg, resolved, part, max_len=max_len) if backend is None else backend
     try:
-        return _run(cfg, part, root, resolved, source, encoder, engine, max_len=max_len, vocab_size=vocab_size,
-                    tokenizer_hash=tokenizer_fingerprint(resolved.path), template_hash=template_hash, t0=t0,
-                    run_extra=run_extra)
+        return _run(
+            cfg,
+            part,
+            root,
+            resolved,
+            source,
+            encoder,
+            engine,
+            max_len=max_len,
+            vocab_size=vocab_size,
+            tokenizer_hash=tokenizer_fingerprint(resolved.path),
+            template_hash=template_hash,
+            t0=t0,
+            run_extra=run_extra,
+        )
     finally:
         if owned:
             engine.close()
 
 
-def _run(cfg: ExtractConfig, part: Partition, root: Root, resolved: ResolvedModel, source: DataSource,
-         encoder: ChatEncoder | Exception, backend: HiddenStateBackend, *, max_len: int, vocab_size: int | None,
-         tokenizer_hash: str, template_hash: str | None, t0: float, run_extra: Mapping[str, Any] | None) -> ExtractSummary:
+def _run(
+    cfg: ExtractConfig,
+    part: Partition,
+    root: Root,
+    resolved: ResolvedModel,
+    source: DataSource,
+    encoder: ChatEncoder | Exception,
+    backend: HiddenStateBackend,
+    *,
+    max_len: int,
+    vocab_size: int | None,
+    tokenizer_hash: str,
+    template_hash: str | None,
+    t0: float,
+    run_extra: Mapping[str, Any] | None,
+) -> ExtractSummary:
     from hiddenstates.h5store.writer import DatasetWriter, WriterConfig
     from hiddenstates.provenance import package_versions
 
-    layer_ids = parse_layer_ids(cfg.layers if isinstance(cfg.layers, str) else list(cfg.layers), backend.num_layers)
+    layer_ids = parse_layer_ids(
+        cfg.layers if isinstance(cfg.layers, str) else list(cfg.layers), backend.num_layers
+    )
     capture = {
-        "model": resolved.name, "revision": resolved.revision, "tokenizer_hash": tokenizer_hash,
-        "chat_template_hash": template_hash, "mask_rule": MASK_RULE, "max_len": max_len, "on_long": cfg.on_long,
-        "last_layer": LAST_LAYER_PRENORM, "layer_meaning": describe_layers(layer_ids, backend.num_layers),
+        "model": resolved.name,
+        "revision": resolved.revision,
+        "tokenizer_hash": tokenizer_hash,
+        "chat_template_hash": template_hash,
+        "mask_rule": MASK_RULE,
+        "max_len": max_len,
+        "on_long": cfg.on_long,
+        "last_layer": LAST_LAYER_PRENORM,
+        "layer_meaning": describe_layers(layer_ids, backend.num_layers),
         "numbering": "vllm",
     }
-    check_resume_identity(root, capture, layer_ids=layer_ids, hidden_size=backend.hidden_size, dtype=cfg.dtype,
-                          num_layers=backend.num_layers)
+    check_resume_identity(
+        root,
+        capture,
+        layer_ids=layer_ids,
+        hidden_size=backend.hidden_size,
+        dtype=cfg.dtype,
+        num_layers=backend.num_layers,
+    )
     run = {
-        "kind": "extract", "model": resolved.name, "revision": resolved.revision, "model_origin": resolved.origin,
-        "model_path": str(resolved.path), "backend": backend.name, "backend_version": backend.version(),
-        "tokenizer_hash": tokenizer_hash, "chat_template_hash": template_hash, "mask_rule": MASK_RULE,
-        "num_layers": backend.num_layers, "max_len": max_len, "on_long": cfg.on_long,
+        "kind": "extract",
+        "model": resolved.name,
+        "revision": resolved.revision,
+        "model_origin": resolved.origin,
+        "model_path": str(resolved.path),
+        "backend": backend.name,
+        "backend_version": backend.version(),
+        "tokenizer_hash": tokenizer_hash,
+        "chat_template_hash": template_hash,
+        "mask_rule": MASK_RULE,
+        "num_layers": backend.num_layers,
+        "max_len": max_len,
+        "on_long": cfg.on_long,
         "data": source.describe(),
         "partition": {"num_shards": part.num_shards, "shard_index": part.shard_index, "origin": part.origin},
-        "args": cfg.to_json(), "argv": list(sys.argv), "packages": package_versions(), **dict(run_extra or {}),
+        "args": cfg.to_json(),
+        "argv": list(sys.argv),
+        "packages": package_versions(),
+        **dict(run_extra or {}),
     }
     writer = DatasetWriter(
-        root, layer_ids=layer_ids, hidden_size=backend.hidden_size, dtype=cfg.dtype, num_layers=backend.num_layers,
-        last_layer=LAST_LAYER_PRENORM, capture=capture, run=run, writer_id=part.writer_id,
-        config=WriterConfig(codec=cfg.codec, shard_bytes=cfg.shard_mb << 20),
+        root,
+        layer_ids=layer_ids,
+        hidden_size=backend.hidden_size,
+        dtype=cfg.dtype,
+        num_layers=backend.num_layers,
+        last_layer=LAST_LAYER_PRENORM,
+        capture=capture,
+        run=run,
+        writer_id=part.writer_id,
+        # A shard file never outgrows the shard: small --shard-mb (fine-grained resume) keeps small buffers.
+        config=WriterConfig(
+            codec=cfg.codec,
+            shard_bytes=cfg.shard_mb << 20,
+            file_bytes=min(WriterConfig().file_bytes, cfg.shard_mb << 20),
+        ),
     )
-    summary = ExtractSummary(root=root.url, writer_id=part.writer_id, run_id=writer.run_id, model=resolved.name,
-                             backend=backend.name, layer_ids=layer_ids, num_shards=part.num_shards,
-                             shard_index=part.shard_index)
+    summary = ExtractSummary(
+        root=root.url,
+        writer_id=part.writer_id,
+        run_id=writer.run_id,
+        model=resolved.name,
+        backend=backend.name,
+        layer_ids=layer_ids,
+        num_shards=part.num_shards,
+        shard_index=part.shard_index,
+    )
     done_rejects = _committed_reject_ids(root)
     total = source.num_rows()
     if total is not None:
@@ -453,12 +603,16 @@ def _run(cfg: ExtractConfig, part: Partition, root: Root, resolved: ResolvedMode
                 continue
             states = backend.capture([s.input_ids.tolist() for s in batch], layer_ids)
             if len(states) != len(batch):
-                raise BackendError(f"backend {backend.name} returned {len(states)} results for {len(batch)} sequences")
+                raise BackendError(
+                    f"backend {backend.name} returned {len(states)} results for {len(batch)} sequences"
+                )
             items = []
             for s, st, new in zip(batch, states, todo, strict=True):
                 if tuple(st.shape) != (s.num_tokens, K, H):
-                    raise BackendError(f"backend {backend.name} returned shape {tuple(st.shape)} for {s.sample_id}, "
-                                       f"expected {(s.num_tokens, K, H)}")
+                    raise BackendError(
+                        f"backend {backend.name} returned shape {tuple(st.shape)} for {s.sample_id}, "
+                        f"expected {(s.num_tokens, K, H)}"
+                    )
                 if new:
                     items.append((s, st.to(torch_dtype)))
                 else:
@@ -469,8 +623,15 @@ def _run(cfg: ExtractConfig, part: Partition, root: Root, resolved: ResolvedMode
 
     try:
         window: list[PreparedSample] = []
-        for item in prepare_samples(source, encoder, part, limit=cfg.limit, max_len=max_len, on_long=cfg.on_long,
-                                    vocab_size=vocab_size):
+        for item in prepare_samples(
+            source,
+            encoder,
+            part,
+            limit=cfg.limit,
+            max_len=max_len,
+            on_long=cfg.on_long,
+            vocab_size=vocab_size,
+        ):
             if isinstance(item, Reject):
                 code = reason_code(item.reason)
                 summary.rejected[code] = summary.rejected.get(code, 0) + 1

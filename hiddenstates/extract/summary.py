@@ -60,7 +60,11 @@ class ExtractSummary:
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
-        d.update(num_rejected=self.num_rejected, compression_ratio=self.compression_ratio, tokens_per_s=self.tokens_per_s)
+        d.update(
+            num_rejected=self.num_rejected,
+            compression_ratio=self.compression_ratio,
+            tokens_per_s=self.tokens_per_s,
+        )
         return d
 
 
@@ -68,13 +72,19 @@ def render_summary(s: ExtractSummary) -> Any:
     """A rich renderable: what was written, what was rejected and why, sizes and speed."""
     from rich.table import Table
 
-    t = Table(title=f"extracted into {s.root} ({s.writer_id}, run {s.run_id})", show_header=False, title_justify="left")
+    t = Table(
+        title=f"extracted into {s.root} ({s.writer_id}, run {s.run_id})",
+        show_header=False,
+        title_justify="left",
+    )
     t.add_column(style="bold")
     t.add_column()
     t.add_row("model", f"{s.model} via {s.backend}; layers {s.layer_ids}")
     if s.num_shards > 1:
         t.add_row("data-parallel", f"process {s.shard_index} of {s.num_shards}")
-    t.add_row("samples written", f"{s.samples_written:,}" + (f" ({s.truncated:,} truncated)" if s.truncated else ""))
+    t.add_row(
+        "samples written", f"{s.samples_written:,}" + (f" ({s.truncated:,} truncated)" if s.truncated else "")
+    )
     if s.samples_already_committed:
         t.add_row("already committed", f"{s.samples_already_committed:,} (resumed: not extracted again)")
     rej = ", ".join(f"{k} {v}" for k, v in sorted(s.rejected.items(), key=lambda kv: (-kv[1], kv[0])))
@@ -83,9 +93,15 @@ def render_summary(s: ExtractSummary) -> Any:
         t.add_row("", f"+{s.rejects_already_recorded:,} rejects recorded by an earlier run")
     t.add_row("tokens", f"{s.tokens:,} ({s.loss_tokens:,} in the loss mask)")
     ratio = f"{s.compression_ratio:.2f}x" if s.compression_ratio else "-"
-    t.add_row("bytes", f"{format_bytes(s.raw_bytes)} raw -> {format_bytes(s.stored_bytes)} stored ({ratio}) in {len(s.shards)} shard(s)")
-    t.add_row("time", f"{s.seconds:.1f} s ({s.setup_seconds:.1f} s loading), {s.tokens_per_s:,.0f} tokens/s "
-              f"({format_bytes(s.raw_bytes / max(1e-9, s.seconds - s.setup_seconds))}/s of hidden states)")
+    t.add_row(
+        "bytes",
+        f"{format_bytes(s.raw_bytes)} raw -> {format_bytes(s.stored_bytes)} stored ({ratio}) in {len(s.shards)} shard(s)",
+    )
+    t.add_row(
+        "time",
+        f"{s.seconds:.1f} s ({s.setup_seconds:.1f} s loading), {s.tokens_per_s:,.0f} tokens/s "
+        f"({format_bytes(s.raw_bytes / max(1e-9, s.seconds - s.setup_seconds))}/s of hidden states)",
+    )
     return t
 
 
@@ -112,10 +128,17 @@ class Progress:
             from rich.progress import Progress as RichProgress
 
             self._bar = RichProgress(
-                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("samples"),
-                TextColumn("{task.fields[tps]} tok/s"), TextColumn("{task.fields[rej]}"),
-                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-                console=Console(stderr=True), transient=False,
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("samples"),
+                TextColumn("{task.fields[tps]} tok/s"),
+                TextColumn("{task.fields[rej]}"),
+                TimeElapsedColumn(),
+                TextColumn("eta"),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
+                transient=False,
             )
             self._task = self._bar.add_task(description, total=total, tps="-", rej="")
             self._bar.start()

@@ -423,6 +423,25 @@ class Dataset:
             })
         return out
 
+    def read_tokens(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+        """Token ids and loss masks only (no hidden states decoded): numpy int32 / bool arrays."""
+        out = []
+        for i in indices:
+            i = int(i)
+            if not 0 <= i < len(self):
+                raise IndexError(f"sample index {i} out of range for a dataset of {len(self)} samples")
+            ids, mask = self._shard(int(self.index.shard_idx[i])).tokens()
+            a = int(self.index.token_start[i])
+            b = a + int(self.index.num_tokens[i])
+            out.append({"sample_id": self.index.sample_ids[i], "input_ids": ids[a:b], "loss_mask": mask[a:b]})
+        return out
+
+    def to_hf_dataset(self, columns: Sequence[str] | None = None, where: str | None = None, **kwargs: Any) -> Any:
+        """Token data + catalog metadata as a `datasets.Dataset` (see hiddenstates.interop.to_hf_dataset)."""
+        from hiddenstates.interop.hf_dataset import to_hf_dataset
+
+        return to_hf_dataset(self, columns=columns, where=where, **kwargs)
+
     def _to_tensor(self, full: np.ndarray, scale: np.ndarray | None, positions: list[int] | None) -> Any:
         import torch
 

@@ -176,7 +176,9 @@ class DatasetWriter:
         if root.is_local and os.path.exists(root.path) and not os.path.isdir(root.path):
             raise ConfigError(f"{root.path} exists and is not a folder; choose another output path")
         if root.is_local and os.path.isdir(root.path) and os.listdir(root.path):
-            stray = [n for n in os.listdir(root.path) if n not in (SHARDS_DIR, "manifests", RUNS_DIR)]
+            # Another writer creating the header at this moment leaves its temp file: not stray.
+            stray = [n for n in os.listdir(root.path) if n not in (SHARDS_DIR, "manifests", RUNS_DIR)
+                     and not n.startswith((f"{DATASET_JSON}.", f".{DATASET_JSON}."))]
             if stray:
                 raise IncompatibleStoreError(
                     f"{root.path} is a non-empty folder that is not a hiddenstates dataset (it holds {stray[:3]}); "

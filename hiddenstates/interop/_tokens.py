@@ -10,13 +10,6 @@ __all__ = ["sample_tokens"]
 
 
 def sample_tokens(ds: Any, i: int) -> tuple[np.ndarray, np.ndarray]:
-    """(input_ids int32 [T], loss_mask bool [T]) of dataset index i.
-
-    Uses the reader's per-shard token arrays (read once per shard, a few bytes per token), so
-    walking samples in any order costs no hidden-state decode.
-    """
-    s = int(ds.index.shard_idx[i])
-    a = int(ds.index.token_start[i])
-    t = int(ds.index.num_tokens[i])
-    ids, mask = ds._shard(s).tokens()
-    return ids[a: a + t], mask[a: a + t]
+    """(input_ids int32 [T], loss_mask bool [T]) of dataset index i, via Dataset.read_tokens."""
+    row = ds.read_tokens([i])[0]
+    return row["input_ids"], row["loss_mask"]

@@ -54,7 +54,17 @@ def test_llama3_template_masks_content_and_eot() -> None:
     tok = build_tokenizer("llama3")
     h = lambda role: f"<|start_header_id|>{role}<|end_header_id|>\n\n"  # noqa: E731
     segments = [
-        ("<|begin_of_text|>" + h("system") + SYS + "<|eot_id|>" + h("user") + U1 + "<|eot_id|>" + h("assistant"), False),
+        (
+            "<|begin_of_text|>"
+            + h("system")
+            + SYS
+            + "<|eot_id|>"
+            + h("user")
+            + U1
+            + "<|eot_id|>"
+            + h("assistant"),
+            False,
+        ),
         (A1 + "<|eot_id|>", True),
         (h("user") + U2 + "<|eot_id|>" + h("assistant"), False),
         (A2 + "<|eot_id|>", True),
@@ -64,16 +74,25 @@ def test_llama3_template_masks_content_and_eot() -> None:
 
 def test_llama3_template_trims_content_and_mask_follows() -> None:
     tok = build_tokenizer("llama3")
-    conv = [{"role": "user", "content": "  " + U1 + " "}, {"role": "assistant", "content": "\n" + A1 + "  \n"}]
+    conv = [
+        {"role": "user", "content": "  " + U1 + " "},
+        {"role": "assistant", "content": "\n" + A1 + "  \n"},
+    ]
     h = lambda role: f"<|start_header_id|>{role}<|end_header_id|>\n\n"  # noqa: E731
-    segments = [("<|begin_of_text|>" + h("user") + U1 + "<|eot_id|>" + h("assistant"), False), (A1 + "<|eot_id|>", True)]
+    segments = [
+        ("<|begin_of_text|>" + h("user") + U1 + "<|eot_id|>" + h("assistant"), False),
+        (A1 + "<|eot_id|>", True),
+    ]
     _check(tok, conv, segments)
 
 
 def test_chatml_qwen_template_excludes_header_and_trailing_newline() -> None:
     tok = build_tokenizer("chatml")
     segments = [
-        (f"<|im_start|>system\n{SYS}<|im_end|>\n<|im_start|>user\n{U1}<|im_end|>\n<|im_start|>assistant\n", False),
+        (
+            f"<|im_start|>system\n{SYS}<|im_end|>\n<|im_start|>user\n{U1}<|im_end|>\n<|im_start|>assistant\n",
+            False,
+        ),
         (A1 + "<|im_end|>", True),
         (f"\n<|im_start|>user\n{U2}<|im_end|>\n<|im_start|>assistant\n", False),
         (A2 + "<|im_end|>", True),
@@ -87,7 +106,10 @@ def test_chatml_default_system_prompt_is_not_loss() -> None:
     conv = CONV[1:3]
     default_sys = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
     segments = [
-        (f"<|im_start|>system\n{default_sys}<|im_end|>\n<|im_start|>user\n{U1}<|im_end|>\n<|im_start|>assistant\n", False),
+        (
+            f"<|im_start|>system\n{default_sys}<|im_end|>\n<|im_start|>user\n{U1}<|im_end|>\n<|im_start|>assistant\n",
+            False,
+        ),
         (A1 + "<|im_end|>", True),
         ("\n", False),
     ]
@@ -117,8 +139,12 @@ def test_mistral_template_refusing_system_role_is_a_rejection() -> None:
 def test_thinking_template_masks_what_is_rendered_for_past_turns() -> None:
     tok = build_tokenizer("thinking")
     r1, r2 = "<think>\nLet me think step by step.\n</think>\n\n", "<think>\nThe answer is 42.\n</think>\n\n"
-    conv = [{"role": "user", "content": U1}, {"role": "assistant", "content": r1 + A1},
-            {"role": "user", "content": U2}, {"role": "assistant", "content": r2 + A2}]
+    conv = [
+        {"role": "user", "content": U1},
+        {"role": "assistant", "content": r1 + A1},
+        {"role": "user", "content": U2},
+        {"role": "assistant", "content": r2 + A2},
+    ]
     segments = [
         (f"<|im_start|>user\n{U1}<|im_end|>\n<|im_start|>assistant\n", False),
         (A1 + "<|im_end|>", True),  # the past turn's reasoning is not in the render, so not in the mask
@@ -143,7 +169,7 @@ def test_template_that_moves_the_system_prompt_falls_back_to_content_search() ->
         "{% else %}{{ message['content'] + eos_token }}{% endif %}{% endfor %}"
     )
     tok = build_tokenizer("mistral", template=template)
-    conv = CONV[:4] + [{"role": "assistant", "content": A2}]
+    conv = [*CONV[:4], {"role": "assistant", "content": A2}]
     segments = [
         (f"<s>[INST] {U1} [/INST]", False),
         (A1 + "</s>", True),

@@ -19,18 +19,21 @@ def test_defaults_and_dtype_spellings() -> None:
     assert ExtractConfig(layers=[8, 2]).layers == (8, 2)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"backend": "tgi"}, "unknown backend"),
-    ({"dtype": "int8"}, "unknown dtype"),
-    ({"on_long": "drop"}, "on-long"),
-    ({"batch_tokens": 0}, "--batch-tokens"),
-    ({"max_len": 1}, "--max-len"),
-    ({"num_shards": 2}, "together"),
-    ({"num_shards": 2, "shard_index": 2}, "shard-index"),
-    ({"tp": 2}, "--backend vllm"),
-    ({"codec": "gzip"}, "codec"),
-    ({"limit": -1}, "--limit"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"backend": "tgi"}, "unknown backend"),
+        ({"dtype": "int8"}, "unknown dtype"),
+        ({"on_long": "drop"}, "on-long"),
+        ({"batch_tokens": 0}, "--batch-tokens"),
+        ({"max_len": 1}, "--max-len"),
+        ({"num_shards": 2}, "together"),
+        ({"num_shards": 2, "shard_index": 2}, "shard-index"),
+        ({"tp": 2}, "--backend vllm"),
+        ({"codec": "gzip"}, "codec"),
+        ({"limit": -1}, "--limit"),
+    ],
+)
 def test_invalid_settings_say_what_to_fix(kwargs: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         ExtractConfig(**kwargs)

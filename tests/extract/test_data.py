@@ -20,8 +20,13 @@ from hiddenstates.extract.data import (
 
 ROWS = [
     {"id": "a", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]},
-    {"conversations": [{"from": "system", "value": "be brief"}, {"from": "human", "value": "hi"},
-                       {"from": "gpt", "value": "hello"}]},
+    {
+        "conversations": [
+            {"from": "system", "value": "be brief"},
+            {"from": "human", "value": "hi"},
+            {"from": "gpt", "value": "hello"},
+        ]
+    },
     {"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]},
 ]
 
@@ -33,18 +38,33 @@ def test_openai_messages() -> None:
     assert c.meta == {"row_id": "a"}
 
 
-@pytest.mark.parametrize("user, assistant", [("human", "gpt"), ("user", "assistant"), ("Human", "ChatGPT"),
-                                             ("prompter", "bot"), ("human", "model")])
+@pytest.mark.parametrize(
+    "user, assistant",
+    [("human", "gpt"), ("user", "assistant"), ("Human", "ChatGPT"), ("prompter", "bot"), ("human", "model")],
+)
 def test_sharegpt_role_variants(user: str, assistant: str) -> None:
-    c = normalize_row({"conversations": [{"from": "system", "value": "s"}, {"from": user, "value": "q"},
-                                         {"from": assistant, "value": "a"}]})
+    c = normalize_row(
+        {
+            "conversations": [
+                {"from": "system", "value": "s"},
+                {"from": user, "value": "q"},
+                {"from": assistant, "value": "a"},
+            ]
+        }
+    )
     assert isinstance(c, Conversation)
     assert [m["role"] for m in c.messages] == ["system", "user", "assistant"]
 
 
 def test_text_parts_are_joined() -> None:
-    c = normalize_row({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
-                                    {"role": "assistant", "content": "ok"}]})
+    c = normalize_row(
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                {"role": "assistant", "content": "ok"},
+            ]
+        }
+    )
     assert isinstance(c, Conversation) and c.messages[0]["content"] == "ab"
 
 
@@ -54,26 +74,45 @@ def test_pretokenized() -> None:
     assert p.input_ids == [1, 2, 3] and p.loss_mask == [False, True, True]
 
 
-@pytest.mark.parametrize("row, code", [
-    ({"messages": []}, "empty_conversation"),
-    ({"messages": [{"role": "user", "content": "hi"}]}, "no_assistant_turn"),
-    ({"messages": [{"role": "narrator", "content": "x"}, {"role": "assistant", "content": "y"}]}, "unknown_role"),
-    ({"messages": [{"content": "x"}]}, "unknown_role"),
-    ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": 3}]}, "non_string_content"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "u"}]},
-                   {"role": "assistant", "content": "y"}]}, "non_string_content"),
-    ({"messages": [{"role": "user", "content": None}, {"role": "assistant", "content": "y"}]}, "non_string_content"),
-    ({"messages": "hello"}, "bad_messages"),
-    ({"messages": ["hello"]}, "bad_messages"),
-    ({"text": "plain"}, "unrecognized_row"),
-    ([1, 2], "not_an_object"),
-    ({"input_ids": [1, 2], "loss_mask": [0, 0]}, "all_zero_mask"),
-    ({"input_ids": [1, 2]}, "bad_pretokenized"),
-    ({"input_ids": [1, 2], "loss_mask": [1]}, "bad_pretokenized"),
-    ({"input_ids": [1, 2], "loss_mask": [1, 2]}, "bad_pretokenized"),
-    ({"input_ids": [], "loss_mask": []}, "empty_conversation"),
-    ({"input_ids": ["a"], "loss_mask": [1]}, "bad_pretokenized"),
-])
+@pytest.mark.parametrize(
+    "row, code",
+    [
+        ({"messages": []}, "empty_conversation"),
+        ({"messages": [{"role": "user", "content": "hi"}]}, "no_assistant_turn"),
+        (
+            {"messages": [{"role": "narrator", "content": "x"}, {"role": "assistant", "content": "y"}]},
+            "unknown_role",
+        ),
+        ({"messages": [{"content": "x"}]}, "unknown_role"),
+        (
+            {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": 3}]},
+            "non_string_content",
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "image_url", "image_url": "u"}]},
+                    {"role": "assistant", "content": "y"},
+                ]
+            },
+            "non_string_content",
+        ),
+        (
+            {"messages": [{"role": "user", "content": None}, {"role": "assistant", "content": "y"}]},
+            "non_string_content",
+        ),
+        ({"messages": "hello"}, "bad_messages"),
+        ({"messages": ["hello"]}, "bad_messages"),
+        ({"text": "plain"}, "unrecognized_row"),
+        ([1, 2], "not_an_object"),
+        ({"input_ids": [1, 2], "loss_mask": [0, 0]}, "all_zero_mask"),
+        ({"input_ids": [1, 2]}, "bad_pretokenized"),
+        ({"input_ids": [1, 2], "loss_mask": [1]}, "bad_pretokenized"),
+        ({"input_ids": [1, 2], "loss_mask": [1, 2]}, "bad_pretokenized"),
+        ({"input_ids": [], "loss_mask": []}, "empty_conversation"),
+        ({"input_ids": ["a"], "loss_mask": [1]}, "bad_pretokenized"),
+    ],
+)
 def test_rejections_carry_a_reason(row: object, code: str) -> None:
     with pytest.raises(RowRejected) as e:
         normalize_row(row)
@@ -107,12 +146,21 @@ def test_parquet_json_array_and_datasets_folder_agree(tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
     rows = ROWS[:2]
-    pq.write_table(pa.Table.from_pylist([{"messages": r.get("messages"), "conversations": r.get("conversations")}
-                                         for r in rows]), tmp_path / "d.parquet")
+    pq.write_table(
+        pa.Table.from_pylist(
+            [{"messages": r.get("messages"), "conversations": r.get("conversations")} for r in rows]
+        ),
+        tmp_path / "d.parquet",
+    )
     (tmp_path / "d.json").write_text(json.dumps(rows))
-    datasets.Dataset.from_list([{"messages": r["messages"]} for r in rows[:1]] * 3).save_to_disk(str(tmp_path / "disk"))
-    for path, kind, n in ((tmp_path / "d.parquet", "parquet", 2), (tmp_path / "d.json", "json", 2),
-                          (tmp_path / "disk", "datasets-disk", 3)):
+    datasets.Dataset.from_list([{"messages": r["messages"]} for r in rows[:1]] * 3).save_to_disk(
+        str(tmp_path / "disk")
+    )
+    for path, kind, n in (
+        (tmp_path / "d.parquet", "parquet", 2),
+        (tmp_path / "d.json", "json", 2),
+        (tmp_path / "disk", "datasets-disk", 3),
+    ):
         src = open_data(path)
         assert src.kind == kind
         convs = [normalize_row(DataSource.unwrap(rec)) for _, rec in src]
@@ -123,7 +171,9 @@ def test_parquet_json_array_and_datasets_folder_agree(tmp_path: Path) -> None:
 def test_datasets_dict_folder_needs_existing_split(tmp_path: Path) -> None:
     import datasets
 
-    d = datasets.DatasetDict({"train": datasets.Dataset.from_list([ROWS[0]]), "test": datasets.Dataset.from_list([ROWS[0]])})
+    d = datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list([ROWS[0]]), "test": datasets.Dataset.from_list([ROWS[0]])}
+    )
     d.save_to_disk(str(tmp_path / "dd"))
     assert open_data(tmp_path / "dd", split="test").name == "dd:test"
     with pytest.raises(ConfigError, match="splits"):

@@ -25,9 +25,13 @@ def test_default_model_dir_is_a_loadable_llama_folder(default_model: Path) -> No
     assert cfg.num_hidden_layers == 8 and cfg.hidden_size == 128 and cfg.model_type == "llama"
     tok = AutoTokenizer.from_pretrained(default_model)
     assert len(tok) <= cfg.vocab_size
-    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
-    assert text == ("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
-                    "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
+    assert text == (
+        "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
 
 
 def test_materialization_is_deterministic_and_cached(tmp_path: Path, default_model: Path) -> None:
@@ -35,7 +39,9 @@ def test_materialization_is_deterministic_and_cached(tmp_path: Path, default_mod
     assert _sha(again / "model.safetensors") == _sha(default_model / "model.safetensors")
     assert default_pkg.default_model_dir() == default_model  # cached: same folder, not rebuilt
     other = default_pkg.default_model_dir(tmp_path / "cache2")
-    assert other.parent == tmp_path / "cache2" and _sha(other / "model.safetensors") == _sha(again / "model.safetensors")
+    assert other.parent == tmp_path / "cache2" and _sha(other / "model.safetensors") == _sha(
+        again / "model.safetensors"
+    )
 
 
 def test_weights_follow_the_recipe() -> None:
@@ -53,7 +59,9 @@ def test_shipped_files_are_what_build_py_generates(tmp_path: Path) -> None:
     assert shipped == rows
     tok = build.build_tokenizer(rows)
     tok.save(str(tmp_path / "tokenizer.json"))
-    assert json.loads((tmp_path / "tokenizer.json").read_text()) == json.loads((default_pkg.HERE / "tokenizer.json").read_text())
+    assert json.loads((tmp_path / "tokenizer.json").read_text()) == json.loads(
+        (default_pkg.HERE / "tokenizer.json").read_text()
+    )
 
 
 def test_package_data_is_small() -> None:

@@ -34,8 +34,11 @@ def test_flags_win_over_environment() -> None:
 
 
 def test_torchrun_environment() -> None:
-    p = resolve_partition(None, None, {"WORLD_SIZE": "8", "RANK": "5", "LOCAL_RANK": "1", "SLURM_NTASKS": "2",
-                                       "SLURM_PROCID": "0"})
+    p = resolve_partition(
+        None,
+        None,
+        {"WORLD_SIZE": "8", "RANK": "5", "LOCAL_RANK": "1", "SLURM_NTASKS": "2", "SLURM_PROCID": "0"},
+    )
     assert (p.num_shards, p.shard_index, p.origin, p.local_rank) == (8, 5, "torchrun", 1)
 
 
@@ -49,7 +52,9 @@ def test_single_process_default() -> None:
     assert (p.num_shards, p.shard_index, p.origin) == (1, 0, "single")
 
 
-@pytest.mark.parametrize("env", [{"WORLD_SIZE": "2"}, {"WORLD_SIZE": "2", "RANK": "2"}, {"WORLD_SIZE": "x", "RANK": "0"}])
+@pytest.mark.parametrize(
+    "env", [{"WORLD_SIZE": "2"}, {"WORLD_SIZE": "2", "RANK": "2"}, {"WORLD_SIZE": "x", "RANK": "0"}]
+)
 def test_bad_environment_is_an_error(env: dict[str, str]) -> None:
     with pytest.raises(ConfigError):
         resolve_partition(None, None, env)

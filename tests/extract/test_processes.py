@@ -60,7 +60,9 @@ def _data_with_bad_rows(tmp_path: Path) -> Path:
 def test_resume_after_sigkill_equals_uninterrupted_run(tmp_path: Path, default_model: Path) -> None:
     killed, clean = tmp_path / "killed", tmp_path / "clean"
     data = str(_data_with_bad_rows(tmp_path))
-    proc = subprocess.Popen(_cli(killed, "default", data, *SMALL), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        _cli(killed, "default", data, *SMALL), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and proc.poll() is None:
@@ -114,7 +116,7 @@ def test_two_data_parallel_processes_write_the_full_set_once(tmp_path: Path, def
     root = open_root(out)
     ids: list[str] = []
     for shard in list_committed_shards(root):
-        table, summary = read_manifest(root, shard, columns=["sample_id", "source_row"])
+        table, _ = read_manifest(root, shard, columns=["sample_id", "source_row"])
         rank = int(shard.split("-")[0].removeprefix("rank"))
         rows = table.column("source_row").to_pylist()
         assert all(r % 2 == rank for r in rows), f"{shard} holds rows of the other rank"

@@ -51,23 +51,50 @@ THINKING_TEMPLATE = (
 )
 
 _CORPUS = [
-    "Hello! How can I help you today?", "What is the capital of France?", "Paris is the capital of France.",
-    "Tell me a joke about numbers.", "Seven ate nine, because you should eat three square meals a day.",
-    "You are a helpful assistant.", "Thanks, that was funny.", "Let me think step by step.",
-    "system user assistant", "The answer is 42.", "Translate good morning into Spanish: buenos dias.",
+    "Hello! How can I help you today?",
+    "What is the capital of France?",
+    "Paris is the capital of France.",
+    "Tell me a joke about numbers.",
+    "Seven ate nine, because you should eat three square meals a day.",
+    "You are a helpful assistant.",
+    "Thanks, that was funny.",
+    "Let me think step by step.",
+    "system user assistant",
+    "The answer is 42.",
+    "Translate good morning into Spanish: buenos dias.",
 ]
 
 FAMILIES: dict[str, dict[str, Any]] = {
-    "llama3": {"template": LLAMA3_TEMPLATE, "special": ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
-                                                        "<|end_header_id|>", "<|eot_id|>"],
-               "bos": "<|begin_of_text|>", "eos": "<|eot_id|>"},
-    "chatml": {"template": CHATML_TEMPLATE, "special": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-               "bos": None, "eos": "<|im_end|>"},
-    "mistral": {"template": MISTRAL_TEMPLATE, "special": ["<unk>", "<s>", "</s>", "[INST]", "[/INST]"],
-                "bos": "<s>", "eos": "</s>"},
-    "thinking": {"template": THINKING_TEMPLATE, "special": ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>",
-                                                            "</think>"],
-                 "bos": None, "eos": "<|im_end|>"},
+    "llama3": {
+        "template": LLAMA3_TEMPLATE,
+        "special": [
+            "<|begin_of_text|>",
+            "<|end_of_text|>",
+            "<|start_header_id|>",
+            "<|end_header_id|>",
+            "<|eot_id|>",
+        ],
+        "bos": "<|begin_of_text|>",
+        "eos": "<|eot_id|>",
+    },
+    "chatml": {
+        "template": CHATML_TEMPLATE,
+        "special": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        "bos": None,
+        "eos": "<|im_end|>",
+    },
+    "mistral": {
+        "template": MISTRAL_TEMPLATE,
+        "special": ["<unk>", "<s>", "</s>", "[INST]", "[/INST]"],
+        "bos": "<s>",
+        "eos": "</s>",
+    },
+    "thinking": {
+        "template": THINKING_TEMPLATE,
+        "special": ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"],
+        "bos": None,
+        "eos": "<|im_end|>",
+    },
 }
 
 
@@ -80,8 +107,13 @@ def build_tokenizer(family: str, *, template: str | None = None) -> Any:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=400, min_frequency=1, special_tokens=spec["special"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        min_frequency=1,
+        special_tokens=spec["special"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(_CORPUS, trainer=trainer)
     kwargs: dict[str, Any] = {"tokenizer_object": tok, "eos_token": spec["eos"]}
     if spec["bos"]:

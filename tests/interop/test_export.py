@@ -16,6 +16,9 @@ from hiddenstates.interop.export_speculators import EXPORT_MANIFEST, ROWS_FILE, 
 from .conftest import assert_same_sample
 from .sources import HIDDEN, LAYER_IDS, NUM_LAYERS, make_samples
 
+# speculators' loaders ask for pinned memory; on a CPU-only box torch warns that it will not pin.
+pytestmark = pytest.mark.filterwarnings("ignore:.pin_memory. argument is set as true")
+
 
 def build_store(root, n=20, *, last_layer="prenorm", seed=0):
     samples = make_samples(n, seed=seed)

@@ -307,3 +307,19 @@ def test_wrong_folder_and_mixing_layers_are_refused(tmp_path):
     import_dataset("specforge", tmp_path / "src", tmp_path / "store", cfg(layers=LAYERS))
     with pytest.raises(IncompatibleStoreError):
         import_dataset("specforge", tmp_path / "src", tmp_path / "store", cfg(layers="1,4,5,8", id_prefix="other"))
+
+
+def test_float16_source_keeps_its_dtype_and_rejects_a_mixed_file(tmp_path):
+    samples = make_samples(3, seed=16)
+    for s in samples:
+        s.hidden = s.hidden.to(torch.float16)
+    src = str(tmp_path / "src")
+    write_speculators04(src, samples)
+    d = torch.load(os.path.join(src, "data_2.pt"), weights_only=True)
+    d["hidden_states"] = [h.to(torch.bfloat16) for h in d["hidden_states"]]
+    torch.save(d, os.path.join(src, "data_2.pt"))
+    rep = import_dataset("eagle", src, tmp_path / "store", cfg())
+    assert rep.dtype == "float16" and rep.imported == 2
+    assert "torch.bfloat16" in dict(rep.rejected)["data_2.pt"]
+    with open_dataset(tmp_path / "store") as ds:
+        assert_same_sample(ds.get("eagle/data_0"), samples[0].input_ids, samples[0].loss_mask, samples[0].hidden)

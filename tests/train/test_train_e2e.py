@@ -102,3 +102,17 @@ def test_a_resumed_run_continues_with_the_same_batches(run_a: Path, real_store: 
     assert later and np.allclose([x for x, _ in later], [y for _, y in later], rtol=1e-4, atol=1e-7)
     va, vb = _rows(run_a, "val"), _rows(out, "val")
     assert np.allclose([float(r["loss"]) for r in va], [float(r["loss"]) for r in vb], rtol=1e-4, atol=1e-7)
+
+
+def test_fsdp2_trains_on_the_same_batches_as_ddp(run_a: Path, real_store: Path, verifier_dir: Path,
+                                                 tmp_path: Path) -> None:
+    out = tmp_path / "run-fsdp"
+    proc = _torchrun([str(real_store), "--verifier", str(verifier_dir), "--out", str(out), *COMMON, "--fsdp",
+                      "--max-steps", "4"])
+    assert "stopped at step 4" in proc.stdout
+    a, f = _rows(run_a, "train")[:4], _rows(out, "train")
+    assert [r["batch_digest"] for r in a] == [r["batch_digest"] for r in f]
+    # Same data, same initial weights, fp32 on CPU: FSDP2 and DDP agree up to reduction order.
+    assert np.allclose([float(r["loss"]) for r in a], [float(r["loss"]) for r in f], rtol=1e-3)
+    assert (out / "checkpoints" / "step-00000004" / "model.safetensors").exists()
+    assert (out / "final" / "config.json").exists()

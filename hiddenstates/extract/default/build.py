@@ -37,7 +37,14 @@ VOCAB_SIZE = 2048
 BOS = "<|begin_of_text|>"
 EOS = "<|end_of_text|>"
 # Llama-3's special tokens, so the default's template and masks look like a production model's.
-SPECIAL_TOKENS = [BOS, EOS, "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|finetune_right_pad_id|>"]
+SPECIAL_TOKENS = [
+    BOS,
+    EOS,
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|finetune_right_pad_id|>",
+]
 
 _SYSTEMS = [
     "You are a helpful assistant.",
@@ -81,19 +88,60 @@ _CITIES = {
     "Montreal": ("Canada", "the old port", "a plate of poutine"),
 }
 
-_WORDS = ["planet", "garden", "rocket", "window", "silver", "bridge", "puzzle", "orange", "candle", "forest",
-          "pencil", "harbor", "signal", "marble", "thunder", "lantern", "meadow", "compass", "violin", "glacier"]
+_WORDS = [
+    "planet",
+    "garden",
+    "rocket",
+    "window",
+    "silver",
+    "bridge",
+    "puzzle",
+    "orange",
+    "candle",
+    "forest",
+    "pencil",
+    "harbor",
+    "signal",
+    "marble",
+    "thunder",
+    "lantern",
+    "meadow",
+    "compass",
+    "violin",
+    "glacier",
+]
 
 _CODE_TASKS = [
     ("reverse a string", "def reverse(s: str) -> str:\n    return s[::-1]"),
     ("check whether a number is even", "def is_even(n: int) -> bool:\n    return n % 2 == 0"),
-    ("sum a list of numbers", "def total(xs: list[float]) -> float:\n    result = 0.0\n    for x in xs:\n        result += x\n    return result"),
-    ("count the vowels in a word", "def vowels(word: str) -> int:\n    return sum(ch in 'aeiou' for ch in word.lower())"),
-    ("find the largest item in a list", "def largest(xs):\n    best = xs[0]\n    for x in xs[1:]:\n        if x > best:\n            best = x\n    return best"),
-    ("compute a factorial", "def factorial(n: int) -> int:\n    return 1 if n <= 1 else n * factorial(n - 1)"),
-    ("remove duplicates but keep order", "def unique(xs):\n    seen = set()\n    return [x for x in xs if not (x in seen or seen.add(x))]"),
-    ("read a file line by line", "with open('data.txt') as f:\n    for line in f:\n        print(line.rstrip())"),
-    ("compute the nth Fibonacci number", "def fib(n: int) -> int:\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a"),
+    (
+        "sum a list of numbers",
+        "def total(xs: list[float]) -> float:\n    result = 0.0\n    for x in xs:\n        result += x\n    return result",
+    ),
+    (
+        "count the vowels in a word",
+        "def vowels(word: str) -> int:\n    return sum(ch in 'aeiou' for ch in word.lower())",
+    ),
+    (
+        "find the largest item in a list",
+        "def largest(xs):\n    best = xs[0]\n    for x in xs[1:]:\n        if x > best:\n            best = x\n    return best",
+    ),
+    (
+        "compute a factorial",
+        "def factorial(n: int) -> int:\n    return 1 if n <= 1 else n * factorial(n - 1)",
+    ),
+    (
+        "remove duplicates but keep order",
+        "def unique(xs):\n    seen = set()\n    return [x for x in xs if not (x in seen or seen.add(x))]",
+    ),
+    (
+        "read a file line by line",
+        "with open('data.txt') as f:\n    for line in f:\n        print(line.rstrip())",
+    ),
+    (
+        "compute the nth Fibonacci number",
+        "def fib(n: int) -> int:\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a",
+    ),
 ]
 
 _RECIPES = {
@@ -113,8 +161,10 @@ def _arith(rng: random.Random) -> tuple[str, str]:
     q = rng.choice([f"What is {a} {op} {b}?", f"Compute {a} {word} {b}.", f"Quick: {a}{op}{b} = ?"])
     if op == "*" and rng.random() < 0.6:
         tens, ones = b // 10 * 10, b % 10
-        ans = (f"Split {b} into {tens} and {ones}: {a} x {tens} = {a * tens} and {a} x {ones} = {a * ones}. "
-               f"Adding them gives {val}.")
+        ans = (
+            f"Split {b} into {tens} and {ones}: {a} x {tens} = {a * tens} and {a} x {ones} = {a * ones}. "
+            f"Adding them gives {val}."
+        )
     else:
         ans = rng.choice([f"{a} {op} {b} = {val}.", f"The answer is {val}.", f"It is {val}."])
     return q, ans
@@ -128,7 +178,10 @@ def _units(rng: random.Random) -> tuple[str, str]:
     if kind == "kg":
         return f"Convert {x} kg to pounds.", f"{x} kg is about {x * 2.20462:.1f} pounds."
     if kind == "c":
-        return f"What is {x} degrees Celsius in Fahrenheit?", f"{x} C = {x * 9 / 5 + 32:.1f} F, using F = C x 9/5 + 32."
+        return (
+            f"What is {x} degrees Celsius in Fahrenheit?",
+            f"{x} C = {x * 9 / 5 + 32:.1f} F, using F = C x 9/5 + 32.",
+        )
     return f"How many seconds are in {x} minutes?", f"{x} minutes is {x * 60} seconds."
 
 
@@ -142,18 +195,25 @@ def _word_game(rng: random.Random) -> tuple[str, str]:
     if kind == 2:
         return f"Write '{w}' in capital letters.", w.upper()
     vowels = sum(c in "aeiou" for c in w)
-    return f"How many vowels does '{w}' contain?", f"'{w}' contains {vowels} vowel{'s' if vowels != 1 else ''}."
+    return (
+        f"How many vowels does '{w}' contain?",
+        f"'{w}' contains {vowels} vowel{'s' if vowels != 1 else ''}.",
+    )
 
 
 def _fact(rng: random.Random) -> tuple[str, str]:
     topic = rng.choice(sorted(_FACTS))
-    q = rng.choice([f"What is {topic}?", f"Explain {topic} in one sentence.", f"Can you tell me about {topic}?"])
+    q = rng.choice(
+        [f"What is {topic}?", f"Explain {topic} in one sentence.", f"Can you tell me about {topic}?"]
+    )
     return q, _FACTS[topic]
 
 
 def _code(rng: random.Random) -> tuple[str, str]:
     task, code = rng.choice(_CODE_TASKS)
-    q = rng.choice([f"How do I {task} in Python?", f"Write Python code to {task}.", f"Show me how to {task}."])
+    q = rng.choice(
+        [f"How do I {task} in Python?", f"Write Python code to {task}.", f"Show me how to {task}."]
+    )
     return q, f"Here is one way:\n\n```python\n{code}\n```\n\nIt runs in linear time or better."
 
 
@@ -161,14 +221,22 @@ def _recipe(rng: random.Random) -> tuple[str, str]:
     dish = rng.choice(sorted(_RECIPES))
     items = _RECIPES[dish]
     lines = "\n".join(f"{i + 1}. {it}" for i, it in enumerate(items))
-    return f"What do I need to make {dish}?", f"For {dish} you need:\n{lines}\nMix, cook gently and taste as you go."
+    return (
+        f"What do I need to make {dish}?",
+        f"For {dish} you need:\n{lines}\nMix, cook gently and taste as you go.",
+    )
 
 
 def _travel(rng: random.Random) -> tuple[str, str]:
     city = rng.choice(sorted(_CITIES))
     country, sight, food = _CITIES[city]
-    q = rng.choice([f"I have one day in {city}. What should I do?", f"Which country is {city} in?",
-                    f"What food should I try in {city}?"])
+    q = rng.choice(
+        [
+            f"I have one day in {city}. What should I do?",
+            f"Which country is {city} in?",
+            f"What food should I try in {city}?",
+        ]
+    )
     if q.startswith("Which"):
         return q, f"{city} is in {country}."
     if q.startswith("What food"):
@@ -223,17 +291,31 @@ def generate_conversations(n: int = NUM_CONVERSATIONS, seed: int = SEED) -> list
         msgs = _conversation(rng)
         if rng.random() < 0.25:
             names = rng.choice(_SHAREGPT_ROLES)
-            rows.append({"id": f"default-{i:04d}",
-                         "conversations": [{"from": names[m["role"]], "value": m["content"]} for m in msgs]})
+            rows.append(
+                {
+                    "id": f"default-{i:04d}",
+                    "conversations": [{"from": names[m["role"]], "value": m["content"]} for m in msgs],
+                }
+            )
         else:
             rows.append({"id": f"default-{i:04d}", "messages": msgs})
     # Deliberately bad rows, at fixed places, so every run of the demo shows each rejection reason.
     bad: list[dict[str, Any]] = [
         {"id": "bad-no-assistant", "messages": [{"role": "user", "content": "Hello? Is anyone there?"}]},
-        {"id": "bad-unknown-role", "messages": [{"role": "narrator", "content": "Once upon a time"},
-                                                {"role": "assistant", "content": "there was a store."}]},
-        {"id": "bad-content-type", "messages": [{"role": "user", "content": "Add these"},
-                                                {"role": "assistant", "content": [1, 2, 3]}]},
+        {
+            "id": "bad-unknown-role",
+            "messages": [
+                {"role": "narrator", "content": "Once upon a time"},
+                {"role": "assistant", "content": "there was a store."},
+            ],
+        },
+        {
+            "id": "bad-content-type",
+            "messages": [
+                {"role": "user", "content": "Add these"},
+                {"role": "assistant", "content": [1, 2, 3]},
+            ],
+        },
         {"id": "bad-empty", "messages": []},
     ]
     for j, row in enumerate(bad):
@@ -263,8 +345,11 @@ def build_tokenizer(rows: list[dict[str, Any]]) -> Any:
     # trim_offsets=False keeps each token's character span exact, which the loss-mask code relies on.
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE, min_frequency=2, special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        vocab_size=VOCAB_SIZE,
+        min_frequency=2,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tok.train_from_iterator(tokenizer_training_texts(rows), trainer=trainer)
     return tok
