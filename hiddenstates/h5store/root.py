@@ -170,6 +170,16 @@ class Root:
         else:
             self.fs.makedirs(self.full(rel), exist_ok=True)
 
+    def write_file(self, rel: str, data: bytes) -> None:
+        """Write a whole file (not atomic: for data that a later manifest commits)."""
+        target = self.full(rel)
+        if not self.is_local:
+            self.fs.pipe_file(target, data)
+            return
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target, "wb") as f:
+            f.write(data)
+
     def write_atomic(self, rel: str, data: bytes) -> None:
         """Write a whole file so that readers see either nothing or all of it."""
         target = self.full(rel)

@@ -12,6 +12,7 @@ import os
 import re
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,7 @@ from hiddenstates.h5store.sample import (
     to_numpy_ids,
     to_numpy_mask,
 )
+from hiddenstates.h5store.shardwrite import chunk_encoder, encode_shard
 from hiddenstates.layers import LAST_LAYER_PRENORM
 from hiddenstates.provenance import run_environment
 
@@ -78,10 +80,11 @@ class WriterConfig:
     shard_bytes: int = 4096 * _MIB  # a shard (one writer's unit of commit) rotates past this much raw data
     allow_nonfinite: bool = False
     refresh_catalog: bool = True  # refresh catalog.duckdb when the writer closes
+    encode_threads: int = 4  # compress chunks in parallel (the codecs release the GIL)
 
     def __post_init__(self) -> None:
         get_codec(self.codec)
-        for name in ("chunk_bytes", "max_chunk_tokens", "file_bytes", "shard_bytes"):
+        for name in ("chunk_bytes", "max_chunk_tokens", "file_bytes", "shard_bytes", "encode_threads"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"WriterConfig.{name} must be positive, got {getattr(self, name)}")
         if self.chunk_tokens is not None and self.chunk_tokens <= 0:
@@ -157,6 +160,8 @@ class DatasetWriter:
         item = np.dtype(self.stored_dtype).itemsize
         self._bytes_per_token = len(self.info.layer_ids) * self.info.hidden_size * item
         self.chunk_tokens, self.file_tokens = self.config.layout(self._bytes_per_token)
+        self._encode_chunk = chunk_encoder(self.codec, item)
+        self._pool: ThreadPoolExecutor | None = None
         self._closed = False
         self._shard: _ShardState | None = None
         self.committed_shards: list[str] = []
@@ -409,19 +414,34 @@ class DatasetWriter:
         return group
 
     def _write_block(self, shard: _ShardState) -> None:
+        """Write one whole shard file of hidden states (blocks are always file-aligned)."""
         if shard.block is None or shard.block_fill == 0:
             return
         group = self._open_group(shard)
-        arr = group["hidden_states"]
         start, n = shard.written, shard.block_fill
-        arr.resize((start + n, *arr.shape[1:]))
-        arr[start: start + n] = shard.block[:n]
+        assert start % self.file_tokens == 0, "blocks start on file boundaries"
+        data = encode_shard(shard.block[:n], chunk_rows=self.chunk_tokens,
+                            chunks_per_file=self.file_tokens // self.chunk_tokens,
+                            encode=self._encode_chunk, pool=self._encode_pool())
+        self.root.write_file(f"{shard_path(shard.name)}/hidden_states/c.{start // self.file_tokens}.0.0", data)
         if shard.scale_block is not None:
             sarr = group["hidden_states_scale"]
             sarr.resize((start + n, sarr.shape[1]))
             sarr[start: start + n] = shard.scale_block[:n]
         shard.written += n
         shard.block_fill = 0
+
+    def _encode_pool(self) -> ThreadPoolExecutor | None:
+        if self.config.encode_threads <= 1:
+            return None
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.config.encode_threads, thread_name_prefix="hiddenstates-encode")
+        return self._pool
+
+    def _shutdown_pool(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     def _write_token_arrays(self, shard: _ShardState) -> None:
         from zarr.codecs import BloscCodec
@@ -450,6 +470,9 @@ class DatasetWriter:
         if shard is None or (not shard.records and not shard.rejects):
             return None
         self._write_block(shard)
+        if shard.written:
+            arr = self._open_group(shard)["hidden_states"]
+            arr.resize((shard.written, *arr.shape[1:]))  # metadata only: the files are already written
         self._write_token_arrays(shard)
         self.root.fsync_tree(shard_path(shard.name))
         stored_bytes, files = self.root.du(shard_path(shard.name))
@@ -477,8 +500,11 @@ class DatasetWriter:
     def close(self) -> None:
         if self._closed:
             return
-        self.commit()
-        self._closed = True
+        try:
+            self.commit()
+        finally:
+            self._closed = True
+            self._shutdown_pool()
         if self.config.refresh_catalog and self.committed_shards:
             if self.root.is_local:
                 from hiddenstates.catalog import refresh_catalog
@@ -501,5 +527,6 @@ class DatasetWriter:
         if exc_type is not None:
             self.abort()
             self._closed = True
+            self._shutdown_pool()
             return
         self.close()
