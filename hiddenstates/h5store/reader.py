@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -158,23 +158,53 @@ class _Shard:
         return self._scale
 
 
+class _Flight:
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.value: np.ndarray | None = None
+        self.error: BaseException | None = None
+
+
 class _ChunkCache:
-    """A small LRU of decoded chunks, bounded in bytes, so consecutive sample reads share decodes."""
+    """Decoded chunks: an LRU bounded in bytes plus single-flight, so threads reading samples that share
+    a chunk decode it once (the first asks, the others wait for it) even with the cache disabled."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self._d: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+        self._inflight: dict[tuple[int, int], _Flight] = {}
 
-    def get(self, key: tuple[int, int]) -> np.ndarray | None:
+    def get_or_compute(self, key: tuple[int, int], compute: Any) -> np.ndarray:
         with self._lock:
             v = self._d.get(key)
             if v is not None:
                 self._d.move_to_end(key)
-            return v
+                return v
+            flight = self._inflight.get(key)
+            owner = flight is None
+            if flight is None:
+                flight = self._inflight[key] = _Flight()
+        if not owner:
+            flight.event.wait()
+            if flight.error is not None:
+                raise flight.error
+            assert flight.value is not None
+            return flight.value
+        try:
+            flight.value = compute()
+            self._put(key, flight.value)
+            return flight.value
+        except BaseException as e:
+            flight.error = e
+            raise
+        finally:
+            with self._lock:
+                self._inflight.pop(key, None)
+            flight.event.set()
 
-    def put(self, key: tuple[int, int], value: np.ndarray) -> None:
+    def _put(self, key: tuple[int, int], value: np.ndarray) -> None:
         if value.nbytes > self.max_bytes:
             return
         with self._lock:
@@ -327,101 +357,84 @@ class Dataset:
             self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="hiddenstates-decode")
         return self._pool
 
-    def _chunks_needed(self, indices: Sequence[int]) -> list[tuple[int, int]]:
-        need: dict[tuple[int, int], None] = {}
-        for i in indices:
-            s = int(self.index.shard_idx[i])
-            c = self._shard(s).chunk_rows()
-            a = int(self.index.token_start[i])
-            b = a + int(self.index.num_tokens[i])
-            for j in range(a // c, (b - 1) // c + 1):
-                need[(s, j)] = None
-        return list(need)
-
-    def _decode(self, key: tuple[int, int]) -> np.ndarray:
-        hit = self._cache.get(key)
-        if hit is not None:
-            return hit
-        s, j = key
-        arr = self._shard(s).hidden.chunk(j)
-        self._cache.put(key, arr)
-        return arr
-
-    def _submit(self, indices: Sequence[int]) -> dict[tuple[int, int], Future[np.ndarray]]:
-        pool = self._get_pool()
-        return {key: pool.submit(self._decode, key) for key in self._chunks_needed(indices)}
+    def _check_indices(self, indices: Sequence[int]) -> list[int]:
+        out = [int(i) for i in indices]
+        n = len(self)
+        for i in out:
+            if not 0 <= i < n:
+                raise IndexError(f"sample index {i} out of range for a dataset of {n} samples")
+        return out
 
     def read(self, indices: Sequence[int], *, layers: Sequence[int] | None = None) -> list[dict[str, Any]]:
-        """Read samples by dataset index, decoding each needed chunk once, in parallel."""
-        indices = [int(i) for i in indices]
-        for i in indices:
-            if not 0 <= i < len(self):
-                raise IndexError(f"sample index {i} out of range for a dataset of {len(self)} samples")
-        futures = self._submit(indices)
-        return self._assemble(indices, futures, self._layer_positions(layers))
+        """Read samples by dataset index, in parallel; a chunk shared by several samples is decoded once."""
+        indices = self._check_indices(indices)
+        pos = self._layer_positions(layers)
+        if len(indices) == 1:
+            return [self._read_one(indices[0], pos)]
+        return list(self._get_pool().map(lambda i: self._read_one(i, pos), indices))
 
     def iter_read(self, indices: Sequence[int], *, layers: Sequence[int] | None = None,
-                  window_bytes: int = 64 << 20, prefetch: int = 2) -> Iterator[dict[str, Any]]:
-        """Yield samples in the given order; decodes up to `prefetch` windows of ~window_bytes ahead."""
-        indices = [int(i) for i in indices]
-        pos = self._layer_positions(layers)
-        bpt = self.info.bytes_per_token
-        windows: list[list[int]] = []
-        cur: list[int] = []
-        acc = 0
-        for i in indices:
-            cur.append(i)
-            acc += int(self.index.num_tokens[i]) * bpt
-            if acc >= window_bytes:
-                windows.append(cur)
-                cur, acc = [], 0
-        if cur:
-            windows.append(cur)
-        pending: list[tuple[list[int], dict[tuple[int, int], Future[np.ndarray]]]] = []
-        w = 0
-        while w < len(windows) or pending:
-            while w < len(windows) and len(pending) < max(1, prefetch):
-                pending.append((windows[w], self._submit(windows[w])))
-                w += 1
-            win, futs = pending.pop(0)
-            yield from self._assemble(win, futs, pos)
+                  lookahead_bytes: int = 64 << 20, lookahead: int | None = None) -> Iterator[dict[str, Any]]:
+        """Yield samples in the given order while the pool reads ahead.
 
-    def _assemble(self, indices: list[int], futures: dict[tuple[int, int], Future[np.ndarray]],
-                  positions: list[int] | None) -> list[dict[str, Any]]:
+        Each sample is read start to finish in a pool thread (fetch, decode, copy, checksum); at most
+        `lookahead` samples (default 4 per thread) and about `lookahead_bytes` are in flight, which bounds
+        memory and keeps the decoded chunks warm in the CPU cache until they are copied out.
+        """
+        indices = self._check_indices(indices)
+        pos = self._layer_positions(layers)
+        pool = self._get_pool()
+        most = lookahead or max(2, 4 * self.threads)
+        bpt = self.info.bytes_per_token
+        queue: deque[tuple[Future[dict[str, Any]], int]] = deque()
+        in_flight = 0
+        nxt = 0
+        try:
+            while nxt < len(indices) or queue:
+                while nxt < len(indices) and (not queue or (len(queue) < most and in_flight < lookahead_bytes)):
+                    i = indices[nxt]
+                    nbytes = int(self.index.num_tokens[i]) * bpt
+                    queue.append((pool.submit(self._read_one, i, pos), nbytes))
+                    in_flight += nbytes
+                    nxt += 1
+                fut, nbytes = queue.popleft()
+                in_flight -= nbytes
+                yield fut.result()
+        finally:
+            for fut, _ in queue:
+                fut.cancel()
+
+    def _read_one(self, i: int, positions: list[int] | None) -> dict[str, Any]:
         import torch
 
-        out = []
-        k, h = len(self.info.layer_ids), self.info.hidden_size
-        for i in indices:
-            s = int(self.index.shard_idx[i])
-            shard = self._shard(s)
+        s = int(self.index.shard_idx[i])
+        shard = self._shard(s)
+        a = int(self.index.token_start[i])
+        t = int(self.index.num_tokens[i])
+        ids_all, mask_all = shard.tokens()
+        ids, mask = ids_all[a: a + t], mask_all[a: a + t]
+        reader = shard.hidden
+        full = np.empty((t, len(self.info.layer_ids), self.info.hidden_size), dtype=np.dtype(shard.summary.stored_dtype))
+        if isinstance(reader, ChunkReader) and reader.reads_rows_directly:
+            reader.read_rows_into(a, a + t, full)
+        else:
             c = shard.chunk_rows()
-            a = int(self.index.token_start[i])
-            t = int(self.index.num_tokens[i])
-            ids_all, mask_all = shard.tokens()
-            ids, mask = ids_all[a: a + t], mask_all[a: a + t]
-            stored_dtype = np.dtype(shard.summary.stored_dtype)
-            full = np.empty((t, k, h), dtype=stored_dtype)
             for j in range(a // c, (a + t - 1) // c + 1):
-                chunk = futures[(s, j)].result()
+                chunk = self._cache.get_or_compute((s, j), lambda j=j: reader.chunk(j))
                 lo, hi = max(a, j * c), min(a + t, (j + 1) * c)
                 full[lo - a: hi - a] = chunk[lo - j * c: hi - j * c]
-            scale = shard.scales()[a: a + t] if shard.summary.codec.get("lossy") == "fp8" else None
-            if self.verify_checksums:
-                got = sample_checksum(ids, mask, full, scale)
-                if got != self.index.checksum[i]:
-                    raise ChecksumMismatch(
-                        f"sample {self.index.sample_ids[i]!r} (shard {shard.name}, row {int(self.index.row[i])}) does not "
-                        "match its checksum: the shard is damaged. Run `hiddenstates verify --deep` to list every bad sample"
-                    )
-            hidden = self._to_tensor(full, scale, positions)
-            out.append({
-                "sample_id": self.index.sample_ids[i],
-                "input_ids": torch.from_numpy(ids.astype(np.int64)),
-                "loss_mask": torch.from_numpy(mask.copy()),
-                "hidden_states": hidden,
-            })
-        return out
+        scale = shard.scales()[a: a + t] if shard.summary.codec.get("lossy") == "fp8" else None
+        if self.verify_checksums and sample_checksum(ids, mask, full, scale) != self.index.checksum[i]:
+            raise ChecksumMismatch(
+                f"sample {self.index.sample_ids[i]!r} (shard {shard.name}, row {int(self.index.row[i])}) does not "
+                "match its checksum: the shard is damaged. Run `hiddenstates verify --deep` to list every bad sample"
+            )
+        return {
+            "sample_id": self.index.sample_ids[i],
+            "input_ids": torch.from_numpy(ids.astype(np.int64)),
+            "loss_mask": torch.from_numpy(mask.copy()),
+            "hidden_states": self._to_tensor(full, scale, positions),
+        }
 
     def read_tokens(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         """Token ids and loss masks only (no hidden states decoded): numpy int32 / bool arrays."""
@@ -448,9 +461,9 @@ class Dataset:
         if scale is not None:
             from hiddenstates.h5store.codecs import fp8_decode
 
-            values = torch.from_numpy(fp8_decode(full, scale))
             if positions is not None:
-                values = values[:, positions]
+                full, scale = full[:, positions], scale[:, positions]
+            values = torch.from_numpy(fp8_decode(full, scale))
             return values.to({"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[self.dtype])
         if positions is not None:
             full = np.ascontiguousarray(full[:, positions])

@@ -119,6 +119,21 @@ class Root:
             return buf
         return bytes(self.fs.cat_file(self.full(rel), start=start, end=end))
 
+    def read_range_into(self, rel: str, start: int, buf: memoryview) -> None:
+        """Fill `buf` with the file's bytes from `start` (no intermediate copy for local files)."""
+        n = len(buf)
+        if self.is_local:
+            got = os.preadv(self._local_fd(rel), [buf], start)
+            if got != n:
+                from hiddenstates.errors import CorruptStoreError
+
+                raise CorruptStoreError(
+                    f"{self.full(rel)} is shorter than its index says ({start + got} < {start + n} bytes): "
+                    "the file is truncated; run `hiddenstates verify` to list affected samples"
+                )
+            return
+        buf[:] = self.read_range(rel, start, start + n)
+
     def _local_fd(self, rel: str) -> int:
         if self._fs_pid != os.getpid():
             self._fds = {}

@@ -189,6 +189,30 @@ class ChunkReader:
         self._indexes[outer] = index
         return index
 
+    @property
+    def reads_rows_directly(self) -> bool:
+        """Uncompressed sharded chunks: any row range is one contiguous byte range per chunk."""
+        return self.meta.decoder.kind == "none" and self.meta.sharded
+
+    def read_rows_into(self, a: int, b: int, out: np.ndarray) -> None:
+        """Rows [a, b) straight into `out` (C-contiguous, b - a rows): one read per chunk piece, no copy."""
+        m = self.meta
+        c = m.inner_rows
+        row_bytes = int(np.prod(m.row_shape, dtype=np.int64)) * np.dtype(m.dtype).itemsize
+        flat = out.reshape(-1).view(np.uint8).data
+        for j in range(a // c, (b - 1) // c + 1):
+            lo, hi = max(a, j * c), min(b, (j + 1) * c)
+            dest = flat[(lo - a) * row_bytes: (hi - a) * row_bytes]
+            outer, inner = divmod(j, m.chunks_per_file)
+            index = self._index(outer)
+            off = _EMPTY if index is None else int(index[inner, 0])
+            if off == _EMPTY:
+                out[lo - a: hi - a] = m.fill_value or 0
+                continue
+            if int(index[inner, 1]) != self.chunk_nbytes:  # type: ignore[index]
+                raise CorruptStoreError(f"{m.path}: an uncompressed chunk holds {int(index[inner, 1])} bytes, expected {self.chunk_nbytes}")  # type: ignore[index]
+            self.root.read_range_into(m.object_key(outer), off + (lo - j * c) * row_bytes, dest)
+
     def raw_chunk(self, j: int) -> bytes | None:
         """Encoded bytes of inner chunk j, or None when the chunk is empty (fill value)."""
         m = self.meta

@@ -56,7 +56,7 @@ def test_roundtrip_any_layout(tmp_path_factory, lengths, dtype, codec, chunk, pe
         assert torch.equal(g["loss_mask"], s["loss_mask"])
     # Reverse order through the prefetching iterator, and single-sample access.
     order = list(range(len(ds)))[::-1]
-    for i, g in zip(order, ds.iter_read(order, window_bytes=64), strict=True):
+    for i, g in zip(order, ds.iter_read(order, lookahead_bytes=64, lookahead=3), strict=True):
         assert g["sample_id"] == samples[i]["sample_id"]
         assert torch.equal(_bits(g["hidden_states"]), _bits(samples[i]["hidden_states"]))
     last = samples[-1]
