@@ -7,7 +7,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from hiddenstates.errors import FormatVersionError, IncompatibleStoreError, NotADatasetError
+from hiddenstates.errors import (
+    CorruptStoreError,
+    FormatVersionError,
+    HiddenStatesError,
+    IncompatibleStoreError,
+    NotADatasetError,
+)
 from hiddenstates.h5store.root import Root
 from hiddenstates.layers import LAST_LAYER_POSTNORM, LAST_LAYER_PRENORM, describe_layers, validate_layer_ids
 
@@ -45,6 +51,18 @@ LOGICAL_DTYPES: dict[str, tuple[str, int]] = {
 # dtypes or models must never mix in one dataset.
 _IDENTITY_FIELDS = ("layer_ids", "hidden_size", "dtype", "num_layers", "last_layer")
 _CAPTURE_IDENTITY = ("model", "revision")
+# dataset.json field -> (accepted JSON types, what to call them). A downloaded header is untrusted input:
+# a wrong type must be a clear error here, not a TypeError deep inside a reader.
+_FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "layer_ids": ((list,), "a list of integers"),
+    "hidden_size": ((int,), "an integer"),
+    "dtype": ((str,), "a string"),
+    "num_layers": ((int, type(None)), "an integer or null"),
+    "last_layer": ((str,), "a string"),
+    "capture": ((dict,), "an object"),
+    "created_at": ((int, float), "a number"),
+    "layer_meaning": ((dict,), "an object"),
+}
 
 
 def shard_path(name: str) -> str:
@@ -109,7 +127,21 @@ class DatasetInfo:
                 "upgrade hiddenstates (pip install -U hiddenstates)"
             )
         known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in d.items() if k in known})
+        fields = {k: v for k, v in d.items() if k in known}
+        for name in ("layer_ids", "hidden_size"):
+            if name not in fields:
+                raise CorruptStoreError(f"dataset.json lacks {name!r}; the dataset header is damaged")
+        for name, (types, what) in _FIELD_TYPES.items():
+            v = fields.get(name, ...)
+            bad_bool = isinstance(v, bool) and bool not in types
+            if v is not ... and (bad_bool or not isinstance(v, types)):
+                raise CorruptStoreError(f"dataset.json field {name!r} is {v!r:.80}, not {what}; the dataset header is damaged")
+        if any(isinstance(i, bool) or not isinstance(i, int) for i in fields["layer_ids"]):
+            raise CorruptStoreError(f"dataset.json field 'layer_ids' is {fields['layer_ids']!r:.80}, not a list of integers")
+        try:
+            return cls(**fields)
+        except HiddenStatesError as e:
+            raise CorruptStoreError(f"dataset.json is damaged: {e}") from e
 
     def check_compatible(self, other: DatasetInfo, *, where: str) -> None:
         """Raise when `other` (a new writer's settings) would mix incompatible data into this dataset."""

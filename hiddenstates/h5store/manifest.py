@@ -100,6 +100,8 @@ class ShardSummary:
             d = json.loads(raw)
         except ValueError as e:
             raise CorruptStoreError(f"{where}: manifest metadata is not valid JSON ({e})") from e
+        if not isinstance(d, dict):
+            raise CorruptStoreError(f"{where}: manifest metadata is a JSON {type(d).__name__}, not an object")
         version = d.get("format_version")
         if not isinstance(version, int) or version > FORMAT_VERSION:
             raise FormatVersionError(
@@ -107,9 +109,34 @@ class ShardSummary:
             )
         known = set(cls.__dataclass_fields__)
         try:
-            return cls(**{k: v for k, v in d.items() if k in known})
+            summary = cls(**{k: v for k, v in d.items() if k in known})
         except TypeError as e:
             raise CorruptStoreError(f"{where}: manifest metadata lacks fields ({e})") from e
+        summary._check_types(where)
+        return summary
+
+    def _check_types(self, where: str) -> None:
+        # The summary of a downloaded store is untrusted: wrong types must fail here, clearly.
+        def bad(name: str, what: str) -> CorruptStoreError:
+            return CorruptStoreError(f"{where}: manifest metadata field {name!r} is {getattr(self, name)!r:.80}, not {what}")
+
+        for name in ("num_samples", "num_tokens", "raw_bytes", "stored_bytes", "files", "chunk_tokens", "file_tokens"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise bad(name, "a non-negative integer")
+        if self.chunk_tokens == 0 or self.file_tokens == 0 or self.file_tokens % self.chunk_tokens:
+            raise bad("file_tokens", f"a positive multiple of chunk_tokens ({self.chunk_tokens})")
+        for name in ("shard", "writer_id", "run_id", "stored_dtype"):
+            if not isinstance(getattr(self, name), str):
+                raise bad(name, "a string")
+        if not isinstance(self.codec, dict):
+            raise bad("codec", "an object")
+        if self.error is not None and not isinstance(self.error, dict):
+            raise bad("error", "an object or null")
+        if not isinstance(self.rejects, list) or not all(isinstance(r, dict) for r in self.rejects):
+            raise bad("rejects", "a list of objects")
+        if isinstance(self.committed_at, bool) or not isinstance(self.committed_at, int | float):
+            raise bad("committed_at", "a number")
 
 
 def write_manifest(root: Root, records: list[SampleRecord], summary: ShardSummary) -> None:
@@ -150,10 +177,21 @@ def read_manifest(root: Root, shard: str, columns: list[str] | None = None) -> t
     if META_KEY not in meta:
         raise CorruptStoreError(f"manifest of shard {shard} has no hiddenstates metadata; it was not written by hiddenstates")
     summary = ShardSummary.from_json(meta[META_KEY], where=f"manifest of shard {shard}")
-    table = pf.read(columns=columns)
     missing = {f.name for f in MANIFEST_SCHEMA} - set(pf.schema_arrow.names)
     if missing:
         raise CorruptStoreError(f"manifest of shard {shard} lacks columns {sorted(missing)}")
+    for f in MANIFEST_SCHEMA:
+        have = pf.schema_arrow.field(f.name).type
+        if have != f.type:
+            raise CorruptStoreError(f"manifest of shard {shard}: column {f.name!r} has type {have}, expected {f.type}")
+    try:
+        table = pf.read(columns=columns)
+    except Exception as e:  # pyarrow raises OSError/ArrowInvalid/... for damaged pages, like at open
+        raise CorruptStoreError(f"manifest of shard {shard} cannot be read ({e}); restore it or run "
+                                "`hiddenstates repair --drop-corrupt`") from e
+    if table.num_rows != summary.num_samples:
+        raise CorruptStoreError(f"manifest of shard {shard} holds {table.num_rows} rows, its summary says "
+                                f"{summary.num_samples} samples")
     if summary.shard != shard:
         raise CorruptStoreError(f"manifest file of shard {shard} describes shard {summary.shard!r}")
     return table, summary

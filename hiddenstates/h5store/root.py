@@ -185,15 +185,25 @@ class Root:
         else:
             self.fs.makedirs(self.full(rel), exist_ok=True)
 
-    def write_file(self, rel: str, data: bytes) -> None:
-        """Write a whole file (not atomic: for data that a later manifest commits)."""
+    def write_file(self, rel: str, parts: list[bytes]) -> None:
+        """Write a whole file from parts (vectored locally; not atomic: a later manifest commits it)."""
         target = self.full(rel)
         if not self.is_local:
-            self.fs.pipe_file(target, data)
+            self.fs.pipe_file(target, b"".join(parts))
             return
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        with open(target, "wb") as f:
-            f.write(data)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            for i in range(0, len(parts), 512):  # IOV_MAX is 1024 on Linux
+                batch = parts[i: i + 512]
+                want = sum(len(p) for p in batch)
+                done = os.writev(fd, batch)
+                if done != want:  # short write: finish the rest plainly
+                    rest = b"".join(batch)[done:]
+                    while rest:
+                        rest = rest[os.write(fd, rest):]
+        finally:
+            os.close(fd)
 
     def write_atomic(self, rel: str, data: bytes) -> None:
         """Write a whole file so that readers see either nothing or all of it."""

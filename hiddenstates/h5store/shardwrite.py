@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
 from hiddenstates.h5store.codecs import CodecSpec
 
-__all__ = ["chunk_encoder", "encode_shard"]
+__all__ = ["ShardFileBuilder", "chunk_encoder", "encode_shard"]
 
 _EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)
 _SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
@@ -43,30 +43,56 @@ def chunk_encoder(codec: CodecSpec, itemsize: int) -> Callable[[np.ndarray], byt
     return enc
 
 
+class ShardFileBuilder:
+    """Encodes one shard file's chunks as they fill (in the pool, overlapping the caller's appends)
+    and returns the file as parts for a vectored write: encoded chunks, then index + crc32c."""
+
+    def __init__(self, *, chunk_rows: int, chunks_per_file: int, encode: Callable[[np.ndarray], bytes],
+                 pool: ThreadPoolExecutor | None) -> None:
+        self.chunk_rows = chunk_rows
+        self.chunks_per_file = chunks_per_file
+        self.encode = encode
+        self.pool = pool
+        self._parts: list[Future[bytes] | bytes] = []
+
+    @property
+    def chunks(self) -> int:
+        return len(self._parts)
+
+    def add(self, chunk: np.ndarray) -> None:
+        """One full chunk of rows. Must stay unmodified until finish() returns (it is encoded later)."""
+        assert chunk.shape[0] == self.chunk_rows and len(self._parts) < self.chunks_per_file
+        chunk = _little_endian(chunk)
+        self._parts.append(self.pool.submit(self.encode, chunk) if self.pool is not None else self.encode(chunk))
+
+    def finish(self, tail: np.ndarray | None = None) -> list[bytes]:
+        """Encode the last, partial chunk (padded with the fill value 0, as Zarr stores edge chunks)."""
+        if tail is not None and tail.shape[0]:
+            pad = np.zeros((self.chunk_rows, *tail.shape[1:]), dtype=tail.dtype)
+            pad[: tail.shape[0]] = tail
+            self.add(pad)
+        encoded = [p.result() if isinstance(p, Future) else p for p in self._parts]
+        self._parts = []
+        index = np.full((self.chunks_per_file, 2), _EMPTY, dtype="<u8")
+        offset = 0
+        for j, e in enumerate(encoded):
+            index[j] = (offset, len(e))
+            offset += len(e)
+        import google_crc32c
+
+        index_bytes = index.tobytes()
+        return [*encoded, index_bytes, struct.pack("<I", google_crc32c.value(index_bytes))]
+
+
+def _little_endian(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<"), copy=False)
+
+
 def encode_shard(block: np.ndarray, *, chunk_rows: int, chunks_per_file: int,
                  encode: Callable[[np.ndarray], bytes], pool: ThreadPoolExecutor | None) -> bytes:
-    """Bytes of one shard file holding `block` ([n <= chunk_rows * chunks_per_file, ...] rows).
-
-    Chunks past the end of `block` are absent; the last present chunk is padded with zeros (the fill
-    value) to full size, as Zarr stores edge chunks.
-    """
-    n = block.shape[0]
-    used = -(-n // chunk_rows)
-    parts = []
-    for j in range(used):
-        part = block[j * chunk_rows: (j + 1) * chunk_rows]
-        if part.shape[0] < chunk_rows:
-            pad = np.zeros((chunk_rows, *block.shape[1:]), dtype=block.dtype)
-            pad[: part.shape[0]] = part
-            part = pad
-        parts.append(np.ascontiguousarray(part).astype(part.dtype.newbyteorder("<"), copy=False))
-    encoded = list(pool.map(encode, parts)) if pool is not None and len(parts) > 1 else [encode(p) for p in parts]
-    index = np.full((chunks_per_file, 2), _EMPTY, dtype="<u8")
-    offset = 0
-    for j, e in enumerate(encoded):
-        index[j] = (offset, len(e))
-        offset += len(e)
-    import google_crc32c
-
-    index_bytes = index.tobytes()
-    return b"".join([*encoded, index_bytes, struct.pack("<I", google_crc32c.value(index_bytes))])
+    """Bytes of one shard file holding `block` ([n <= chunk_rows * chunks_per_file, ...] rows)."""
+    b = ShardFileBuilder(chunk_rows=chunk_rows, chunks_per_file=chunks_per_file, encode=encode, pool=pool)
+    full = block.shape[0] // chunk_rows
+    for j in range(full):
+        b.add(block[j * chunk_rows: (j + 1) * chunk_rows])
+    return b"".join(b.finish(block[full * chunk_rows:]))

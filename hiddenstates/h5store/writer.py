@@ -12,7 +12,7 @@ import os
 import re
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +44,7 @@ from hiddenstates.h5store.sample import (
     to_numpy_ids,
     to_numpy_mask,
 )
-from hiddenstates.h5store.shardwrite import chunk_encoder, encode_shard
+from hiddenstates.h5store.shardwrite import ShardFileBuilder, chunk_encoder
 from hiddenstates.layers import LAST_LAYER_PRENORM
 from hiddenstates.provenance import run_environment
 
@@ -109,9 +109,8 @@ class _ShardState:
     records: list[SampleRecord] = field(default_factory=list)
     ids: list[np.ndarray] = field(default_factory=list)
     masks: list[np.ndarray] = field(default_factory=list)
-    block: np.ndarray | None = None  # one file's worth of hidden states waiting to be written
-    block_fill: int = 0
-    scale_block: np.ndarray | None = None
+    block_fill: int = 0  # rows of the writer's staging block that belong to this shard's current file
+    builder: ShardFileBuilder | None = None
     group: Any = None
     error: ErrorStats | None = None
     rejects: list[dict[str, Any]] = field(default_factory=list)
@@ -162,6 +161,10 @@ class DatasetWriter:
         self.chunk_tokens, self.file_tokens = self.config.layout(self._bytes_per_token)
         self._encode_chunk = chunk_encoder(self.codec, item)
         self._pool: ThreadPoolExecutor | None = None
+        self._block: np.ndarray | None = None
+        self._io_exec: ThreadPoolExecutor | None = None
+        self._io: Future[None] | None = None
+        self._scale_block: np.ndarray | None = None
         self._closed = False
         self._shard: _ShardState | None = None
         self.committed_shards: list[str] = []
@@ -355,22 +358,34 @@ class DatasetWriter:
             shard.loss_counts[: lc.size] += lc
 
     def _buffer_hidden(self, shard: _ShardState, stored: np.ndarray, scale: np.ndarray | None) -> None:
-        k, h = stored.shape[1], stored.shape[2]
         pos = 0
         n = stored.shape[0]
+        c = self.chunk_tokens
         while pos < n:
-            if shard.block is None:
-                shard.block = np.empty((self.file_tokens, k, h), dtype=stored.dtype)
-                if scale is not None:
-                    shard.scale_block = np.empty((self.file_tokens, k), dtype=np.float32)
+            block = self._staging(stored, scale is not None)
+            if shard.builder is None:
+                shard.builder = ShardFileBuilder(chunk_rows=c, chunks_per_file=self.file_tokens // c,
+                                                 encode=self._encode_chunk, pool=self._encode_pool())
             take = min(n - pos, self.file_tokens - shard.block_fill)
-            shard.block[shard.block_fill: shard.block_fill + take] = stored[pos: pos + take]
-            if scale is not None and shard.scale_block is not None:
-                shard.scale_block[shard.block_fill: shard.block_fill + take] = scale[pos: pos + take]
+            block[shard.block_fill: shard.block_fill + take] = stored[pos: pos + take]
+            if scale is not None and self._scale_block is not None:
+                self._scale_block[shard.block_fill: shard.block_fill + take] = scale[pos: pos + take]
             shard.block_fill += take
             pos += take
+            # Chunks that just filled start encoding now, while the caller prepares the next sample.
+            while (shard.builder.chunks + 1) * c <= shard.block_fill:
+                j = shard.builder.chunks
+                shard.builder.add(block[j * c: (j + 1) * c])
             if shard.block_fill == self.file_tokens:
                 self._write_block(shard)
+
+    def _staging(self, like: np.ndarray, with_scale: bool) -> np.ndarray:
+        # One staging block per writer, reused across files and shards: fresh pages cost a first touch.
+        if self._block is None:
+            self._block = np.empty((self.file_tokens, *like.shape[1:]), dtype=like.dtype)
+            if with_scale:
+                self._scale_block = np.empty((self.file_tokens, like.shape[1]), dtype=np.float32)
+        return self._block
 
     # -- Zarr I/O --------------------------------------------------------------------------
     def _new_shard(self) -> _ShardState:
@@ -415,21 +430,25 @@ class DatasetWriter:
 
     def _write_block(self, shard: _ShardState) -> None:
         """Write one whole shard file of hidden states (blocks are always file-aligned)."""
-        if shard.block is None or shard.block_fill == 0:
+        if shard.block_fill == 0:
             return
         group = self._open_group(shard)
         start, n = shard.written, shard.block_fill
         assert start % self.file_tokens == 0, "blocks start on file boundaries"
-        data = encode_shard(shard.block[:n], chunk_rows=self.chunk_tokens,
-                            chunks_per_file=self.file_tokens // self.chunk_tokens,
-                            encode=self._encode_chunk, pool=self._encode_pool())
-        self.root.write_file(f"{shard_path(shard.name)}/hidden_states/c.{start // self.file_tokens}.0.0", data)
-        if shard.scale_block is not None:
+        assert shard.builder is not None and self._block is not None
+        tail = self._block[shard.builder.chunks * self.chunk_tokens: n]
+        parts = shard.builder.finish(tail)
+        # The file goes to disk in the background while appends continue; at most one is in flight.
+        self._wait_io()
+        rel = f"{shard_path(shard.name)}/hidden_states/c.{start // self.file_tokens}.0.0"
+        self._io = self._io_pool().submit(self.root.write_file, rel, parts)
+        if self._scale_block is not None and self.codec.lossy == "fp8":
             sarr = group["hidden_states_scale"]
             sarr.resize((start + n, sarr.shape[1]))
-            sarr[start: start + n] = shard.scale_block[:n]
+            sarr[start: start + n] = self._scale_block[:n]
         shard.written += n
         shard.block_fill = 0
+        shard.builder = None
 
     def _encode_pool(self) -> ThreadPoolExecutor | None:
         if self.config.encode_threads <= 1:
@@ -438,10 +457,21 @@ class DatasetWriter:
             self._pool = ThreadPoolExecutor(self.config.encode_threads, thread_name_prefix="hiddenstates-encode")
         return self._pool
 
+    def _io_pool(self) -> ThreadPoolExecutor:
+        if self._io_exec is None:
+            self._io_exec = ThreadPoolExecutor(1, thread_name_prefix="hiddenstates-io")
+        return self._io_exec
+
+    def _wait_io(self) -> None:
+        io, self._io = self._io, None
+        if io is not None:
+            io.result()  # a failed write (disk full, I/O error) surfaces here, before anything commits
+
     def _shutdown_pool(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        for ex in (self._pool, self._io_exec):
+            if ex is not None:
+                ex.shutdown(wait=True)
+        self._pool = self._io_exec = None
 
     def _write_token_arrays(self, shard: _ShardState) -> None:
         from zarr.codecs import BloscCodec
@@ -470,6 +500,7 @@ class DatasetWriter:
         if shard is None or (not shard.records and not shard.rejects):
             return None
         self._write_block(shard)
+        self._wait_io()
         if shard.written:
             arr = self._open_group(shard)["hidden_states"]
             arr.resize((shard.written, *arr.shape[1:]))  # metadata only: the files are already written
@@ -491,6 +522,9 @@ class DatasetWriter:
     def abort(self) -> None:
         """Drop the shard being written; committed shards stay."""
         shard, self._shard = self._shard, None
+        io, self._io = self._io, None
+        if io is not None:
+            io.exception()  # let the write finish (its error is moot: the shard is being dropped)
         if shard is not None:
             for sid in [r.sample_id for r in shard.records]:
                 self._session_ids.pop(sid, None)
