@@ -9,6 +9,7 @@ is created lazily and re-created after a fork, so a Dataset can be handed to Dat
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections import OrderedDict, deque
@@ -89,18 +90,31 @@ class _ZarrFallback:
     def __init__(self, root: Root, path: str, chunk_rows: int) -> None:
         import zarr
 
-        self.arr = zarr.open_array(store=root.zarr_store(path, read_only=True), mode="r")
+        self.path = path
+        with self._damaged("cannot be opened"):
+            self.arr = zarr.open_array(store=root.zarr_store(path, read_only=True), mode="r")
         self.rows = chunk_rows
 
+    @contextlib.contextmanager
+    def _damaged(self, what: str) -> Iterator[None]:
+        # zarr-python raises many exception types for metadata or chunks it cannot make sense of.
+        try:
+            yield
+        except Exception as e:
+            raise CorruptStoreError(f"{self.path} {what} by zarr-python ({type(e).__name__}: {e}); "
+                                    "the shard is damaged: run `hiddenstates verify`") from e
+
     def chunk(self, j: int) -> np.ndarray:
-        block = np.asarray(self.arr[j * self.rows: (j + 1) * self.rows])
+        with self._damaged("cannot be read"):
+            block = np.asarray(self.arr[j * self.rows: (j + 1) * self.rows])
         if block.shape[0] < self.rows:
             pad = np.zeros((self.rows - block.shape[0], *block.shape[1:]), dtype=block.dtype)
             block = np.concatenate([block, pad])
         return block
 
     def read_all(self) -> np.ndarray:
-        return np.asarray(self.arr[...])
+        with self._damaged("cannot be read"):
+            return np.asarray(self.arr[...])
 
 
 class _Shard:

@@ -73,7 +73,7 @@ def to_numpy_hidden(sample_id: str, hidden_states: Any, *, n: int, num_layers: i
                 f"sample {sample_id!r}: hidden_states are {src_dtype}, but the dataset stores bfloat16; "
                 "pass a torch.bfloat16 tensor (tensor.to(torch.bfloat16)) or create the dataset with that dtype"
             )
-        if not allow_nonfinite and not _all_finite(hidden_states):
+        if not allow_nonfinite and not _bf16_bits_all_finite(h):
             raise NonFiniteError(_nonfinite_msg(sample_id))
         return h
     want = {"float16": np.float16, "float32": np.float32}[logical_dtype]
@@ -86,11 +86,21 @@ def to_numpy_hidden(sample_id: str, hidden_states: Any, *, n: int, num_layers: i
     return h
 
 
-def _all_finite(t: Any) -> bool:
-    import torch
+def _bf16_bits_all_finite(bits: np.ndarray, step: int = 1 << 18) -> bool:
+    """No NaN/Inf among bf16 values given as uint16 bits (exponent bits all ones = not finite).
 
-    # torch's isfinite is vectorised and parallel; the numpy bit test made two full-size temporaries.
-    return bool(torch.isfinite(t).all())
+    Works in cache-sized slices with one scratch buffer: ~30x faster than full-size temporaries, and
+    torch.isfinite has no vectorised bf16 kernel on CPU (1.6 s for 300 MB).
+    """
+    flat = bits.reshape(-1)
+    scratch = np.empty(min(step, flat.size), dtype=np.uint16)
+    for i in range(0, flat.size, step):
+        part = flat[i: i + step]
+        s = scratch[: part.size]
+        np.bitwise_and(part, 0x7F80, out=s)
+        if s.max() == 0x7F80:
+            return False
+    return True
 
 
 def _nonfinite_msg(sample_id: str) -> str:

@@ -98,6 +98,24 @@ class ArrayMeta:
 
     @classmethod
     def from_json(cls, path: str, meta: dict[str, Any]) -> ArrayMeta:
+        # zarr.json of a downloaded store is untrusted: any malformed field is a CorruptStoreError here,
+        # never an AttributeError/IndexError/ZeroDivisionError later in a reader thread.
+        try:
+            out = cls._parse(path, meta)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+            raise CorruptStoreError(f"{path}/zarr.json is malformed ({type(e).__name__}: {e}); run `hiddenstates verify`") from e
+        if any(n < 0 for n in out.shape) or out.outer_rows <= 0 or out.inner_rows <= 0:
+            raise CorruptStoreError(f"{path}/zarr.json gives impossible sizes (shape {list(out.shape)}, chunks of "
+                                    f"{out.outer_rows}/{out.inner_rows} rows)")
+        if out.separator not in (".", "/"):
+            # Chunk file names are built with it: anything else (e.g. "/../../x") could name files outside the root.
+            raise CorruptStoreError(f"{path}/zarr.json has chunk key separator {out.separator!r:.40}; Zarr allows '.' or '/'")
+        if not isinstance(out.fill_value, int | float) or isinstance(out.fill_value, bool):
+            raise CorruptStoreError(f"{path}/zarr.json has fill_value {out.fill_value!r:.40}, not a number")
+        return out
+
+    @classmethod
+    def _parse(cls, path: str, meta: dict[str, Any]) -> ArrayMeta:
         try:
             shape = tuple(int(x) for x in meta["shape"])
             dtype = _DTYPES.get(meta["data_type"])

@@ -52,7 +52,8 @@ __all__ = ["DatasetWriter", "WriterConfig", "shard_name"]
 
 _MIB = 1 << 20
 MAX_CHUNKS_PER_FILE = 1024
-_WRITER_ID = re.compile(r"^[A-Za-z0-9_.]+(?:-[A-Za-z0-9_.]+)*$")
+# No leading ".": readers skip dot-names in manifests/ as temp files, so such a shard would never be visible.
+_WRITER_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.]*(?:-[A-Za-z0-9_.]+)*$")
 
 
 def shard_name(writer_id: str, seq: int) -> str:
@@ -146,7 +147,7 @@ class DatasetWriter:
         storage_options: dict[str, Any] | None = None,
     ) -> None:
         if not _WRITER_ID.fullmatch(writer_id):
-            raise ConfigError(f"writer_id {writer_id!r} must be letters, digits, '_', '.', single '-' separators (e.g. 'rank3')")
+            raise ConfigError(f"writer_id {writer_id!r} must be letters, digits, '_', '.', single '-' separators, not starting with '.' (e.g. 'rank3')")
         self.root = open_root(root, storage_options=storage_options)
         self.config = config or WriterConfig()
         self.codec: CodecSpec = get_codec(self.config.codec)
