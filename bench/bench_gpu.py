@@ -147,13 +147,13 @@ def bench_extract(args: argparse.Namespace) -> list[str]:
     batches = plan_batches(lengths, args.batch_tokens)
     ids = [2, 16, 29, 32]
 
-    def run(capture: bool) -> float:
+    def run(be: HFBackend, capture: bool) -> float:
         torch.cuda.synchronize()
         t = time.perf_counter()
         for b in batches:
             batch = [seqs[i] for i in b]
             if capture:
-                backend.capture(batch, ids)
+                be.capture(batch, ids)
             else:
                 T = max(len(s) for s in batch)
                 x = torch.zeros((len(batch), T), dtype=torch.long)
@@ -162,15 +162,14 @@ def bench_extract(args: argparse.Namespace) -> list[str]:
                     x[r, : len(s)] = torch.tensor(s)
                     attn[r, : len(s)] = 1
                 with torch.no_grad():
-                    backend._decoder(input_ids=x.cuda(), attention_mask=attn.cuda(), use_cache=False)
+                    be._decoder(input_ids=x.cuda(), attention_mask=attn.cuda(), use_cache=False)
         torch.cuda.synchronize()
         return time.perf_counter() - t
 
-    run(False)  # warm-up: kernels, allocator
-    bare = run(False)
-    cap = run(True)
+    run(backend, False)  # warm-up: kernels, allocator
+    bare = run(backend, False)
+    cap = run(backend, True)
     backend.close()
-    del backend
     torch.cuda.empty_cache()
     rows.append(f"| (a) bare forward | {tokens / bare:,.0f} tok/s | {tokens * 32768 / bare / GB:.2f} GB/s of hidden states | 1.00x |")
     rows.append(f"| (b) forward + capture + pinned copy | {tokens / cap:,.0f} tok/s | {tokens * 32768 / cap / GB:.2f} GB/s | {bare / cap:.2f}x of (a) |")
