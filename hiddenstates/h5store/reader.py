@@ -172,57 +172,42 @@ class _Shard:
         return self._scale
 
 
-class _Flight:
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.value: np.ndarray | None = None
-        self.error: BaseException | None = None
-
-
 class _ChunkCache:
-    """Decoded chunks: an LRU bounded in bytes plus single-flight, so threads reading samples that share
-    a chunk decode it once (the first asks, the others wait for it) even with the cache disabled."""
+    """Decoded chunks: an LRU bounded in bytes, plus the decodes in flight as futures, so samples that
+    share a chunk decode it once even with the LRU disabled (cache_bytes=0)."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self._d: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
-        self._inflight: dict[tuple[int, int], _Flight] = {}
+        self._inflight: dict[tuple[int, int], Future[np.ndarray]] = {}
 
-    def get_or_compute(self, key: tuple[int, int], compute: Any) -> np.ndarray:
+    def future(self, key: tuple[int, int], submit: Any) -> Future[np.ndarray]:
+        """The decoded chunk `key` as a future: cached, in flight, or newly submitted via submit()."""
         with self._lock:
             v = self._d.get(key)
             if v is not None:
                 self._d.move_to_end(key)
-                return v
-            flight = self._inflight.get(key)
-            owner = flight is None
-            if flight is None:
-                flight = self._inflight[key] = _Flight()
-        if not owner:
-            flight.event.wait()
-            if flight.error is not None:
-                raise flight.error
-            assert flight.value is not None
-            return flight.value
-        try:
-            flight.value = compute()
-            self._put(key, flight.value)
-            return flight.value
-        except BaseException as e:
-            flight.error = e
-            raise
-        finally:
-            with self._lock:
-                self._inflight.pop(key, None)
-            flight.event.set()
+                done: Future[np.ndarray] = Future()
+                done.set_result(v)
+                return done
+            fut = self._inflight.get(key)
+            if fut is not None:
+                return fut
+            fut = submit()
+            self._inflight[key] = fut
+        # Outside the lock: a future that is already done runs its callback right here.
+        fut.add_done_callback(lambda f, key=key: self._landed(key, f))
+        return fut
 
-    def _put(self, key: tuple[int, int], value: np.ndarray) -> None:
-        if value.nbytes > self.max_bytes:
-            return
+    def _landed(self, key: tuple[int, int], fut: Future[np.ndarray]) -> None:
         with self._lock:
-            if key in self._d:
+            self._inflight.pop(key, None)
+            if fut.cancelled() or fut.exception() is not None:
+                return
+            value = fut.result()
+            if value.nbytes > self.max_bytes or key in self._d:
                 return
             self._d[key] = value
             self._bytes += value.nbytes
@@ -249,14 +234,15 @@ class Dataset:
 
     def _reset_process_state(self) -> None:
         self._pid = os.getpid()
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: ThreadPoolExecutor | None = None  # whole samples: fetch, copy, checksum
+        self._decoders: ThreadPoolExecutor | None = None  # single chunks, so one long sample decodes in parallel
         self._shards: dict[int, _Shard] = {}
         self._cache = _ChunkCache(self.cache_bytes)
         self._shard_lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for k in ("_pool", "_shards", "_cache", "_shard_lock", "_catalog"):
+        for k in ("_pool", "_decoders", "_shards", "_cache", "_shard_lock", "_catalog"):
             state.pop(k, None)
         return state
 
@@ -368,8 +354,15 @@ class Dataset:
     def _get_pool(self) -> ThreadPoolExecutor:
         self._check_pid()
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="hiddenstates-decode")
+            self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="hiddenstates-read")
         return self._pool
+
+    def _get_decoders(self) -> ThreadPoolExecutor:
+        # A separate pool: sample tasks wait on chunk decodes, which must never queue behind them.
+        self._check_pid()
+        if self._decoders is None:
+            self._decoders = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="hiddenstates-decode")
+        return self._decoders
 
     def _check_indices(self, indices: Sequence[int]) -> list[int]:
         out = [int(i) for i in indices]
@@ -388,17 +381,17 @@ class Dataset:
         return list(self._get_pool().map(lambda i: self._read_one(i, pos), indices))
 
     def iter_read(self, indices: Sequence[int], *, layers: Sequence[int] | None = None,
-                  lookahead_bytes: int = 64 << 20, lookahead: int | None = None) -> Iterator[dict[str, Any]]:
+                  lookahead_bytes: int = 512 << 20, lookahead: int | None = None) -> Iterator[dict[str, Any]]:
         """Yield samples in the given order while the pool reads ahead.
 
         Each sample is read start to finish in a pool thread (fetch, decode, copy, checksum); at most
-        `lookahead` samples (default 4 per thread) and about `lookahead_bytes` are in flight, which bounds
-        memory and keeps the decoded chunks warm in the CPU cache until they are copied out.
+        `lookahead` samples (default 2 per thread) and about `lookahead_bytes` are in flight, which bounds
+        memory; a long sample's chunks decode in parallel in a second pool.
         """
         indices = self._check_indices(indices)
         pos = self._layer_positions(layers)
         pool = self._get_pool()
-        most = lookahead or max(2, 4 * self.threads)
+        most = lookahead or max(2, 2 * self.threads)
         bpt = self.info.bytes_per_token
         queue: deque[tuple[Future[dict[str, Any]], int]] = deque()
         in_flight = 0
@@ -433,8 +426,11 @@ class Dataset:
             reader.read_rows_into(a, a + t, full)
         else:
             c = shard.chunk_rows()
-            for j in range(a // c, (a + t - 1) // c + 1):
-                chunk = self._cache.get_or_compute((s, j), lambda j=j: reader.chunk(j))
+            decoders = self._get_decoders()
+            span = range(a // c, (a + t - 1) // c + 1)
+            futures = [self._cache.future((s, j), lambda j=j: decoders.submit(reader.chunk, j)) for j in span]
+            for j, fut in zip(span, futures, strict=True):
+                chunk = fut.result()
                 lo, hi = max(a, j * c), min(a + t, (j + 1) * c)
                 full[lo - a: hi - a] = chunk[lo - j * c: hi - j * c]
         scale = shard.scales()[a: a + t] if shard.summary.codec.get("lossy") == "fp8" else None
@@ -485,9 +481,10 @@ class Dataset:
         return t.view(torch.bfloat16) if self.dtype == "bfloat16" else t
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        for ex in (self._pool, self._decoders):
+            if ex is not None:
+                ex.shutdown(wait=True)
+        self._pool = self._decoders = None
         if self._catalog is not None:
             self._catalog.close()
             self._catalog = None
