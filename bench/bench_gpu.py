@@ -166,9 +166,14 @@ def bench_extract(args: argparse.Namespace) -> list[str]:
         torch.cuda.synchronize()
         return time.perf_counter() - t
 
-    run(backend, False)  # warm-up: kernels, allocator
+    warm = batches
+    batches = batches[:8]
+    run(backend, False)  # warm-up on a few batches: kernels, allocator
+    batches = warm
     bare = run(backend, False)
+    print(f"bare forward: {tokens / bare:,.0f} tok/s", flush=True)
     cap = run(backend, True)
+    print(f"capture: {tokens / cap:,.0f} tok/s", flush=True)
     backend.close()
     torch.cuda.empty_cache()
     rows.append(f"| (a) bare forward | {tokens / bare:,.0f} tok/s | {tokens * 32768 / bare / GB:.2f} GB/s of hidden states | 1.00x |")
@@ -182,6 +187,7 @@ def bench_extract(args: argparse.Namespace) -> list[str]:
         full = time.perf_counter() - t
         load = getattr(s, "setup_seconds", 0.0) or 0.0
         run_s = full - load
+        print(f"extract, {writers} writers: {tokens / run_s:,.0f} tok/s", flush=True)
         rows.append(f"| (c) extract() into the store, {writers} writer thread(s) | {tokens / run_s:,.0f} tok/s | {tokens * 32768 / run_s / GB:.2f} GB/s | {bare / run_s:.2f}x of (a) (wall {full:.0f} s incl. {load:.0f} s model load) |")
         shutil.rmtree(store, ignore_errors=True)
     return rows
