@@ -427,12 +427,20 @@ class Dataset:
         else:
             c = shard.chunk_rows()
             decoders = self._get_decoders()
-            span = range(a // c, (a + t - 1) // c + 1)
-            futures = [self._cache.future((s, j), lambda j=j: decoders.submit(reader.chunk, j)) for j in span]
-            for j, fut in zip(span, futures, strict=True):
-                chunk = fut.result()
-                lo, hi = max(a, j * c), min(a + t, (j + 1) * c)
-                full[lo - a: hi - a] = chunk[lo - j * c: hi - j * c]
+            direct = isinstance(reader, ChunkReader)
+            pending: list[tuple[int, Future[Any]]] = []
+            for j in range(a // c, (a + t - 1) // c + 1):
+                if direct and a <= j * c and (j + 1) * c <= a + t:
+                    # Only this sample uses the chunk: decode straight into the output, no cache, no copy.
+                    view = full[j * c - a: (j + 1) * c - a]
+                    pending.append((-1, decoders.submit(reader.chunk_into, j, view)))
+                else:  # shared with a neighbouring sample: decode once, through the cache
+                    pending.append((j, self._cache.future((s, j), lambda j=j: decoders.submit(reader.chunk, j))))
+            for j, fut in pending:
+                result = fut.result()
+                if j >= 0:
+                    lo, hi = max(a, j * c), min(a + t, (j + 1) * c)
+                    full[lo - a: hi - a] = result[lo - j * c: hi - j * c]
         scale = shard.scales()[a: a + t] if shard.summary.codec.get("lossy") == "fp8" else None
         if self.verify_checksums and sample_checksum(ids, mask, full, scale) != self.index.checksum[i]:
             raise ChecksumMismatch(

@@ -264,6 +264,19 @@ class ChunkReader:
     def chunk(self, j: int) -> np.ndarray:
         return self.decode(self.raw_chunk(j))
 
+    def chunk_into(self, j: int, out: np.ndarray) -> None:
+        """Decode chunk j straight into `out` (C-contiguous, exactly one chunk): no intermediate array."""
+        raw = self.raw_chunk(j)
+        if raw is None or self.meta.decoder.kind != "blosc":
+            out[...] = self.decode(raw)
+            return
+        from numcodecs import blosc
+
+        try:
+            blosc.decompress(raw, out.reshape(-1).view(np.uint8).data)
+        except Exception as e:  # numcodecs raises RuntimeError/ValueError on damaged frames
+            raise CorruptStoreError(f"{self.meta.path}: a chunk failed to decode ({e}): the shard file is damaged") from e
+
     def read_all(self) -> np.ndarray:
         """The whole array (for the small per-shard arrays: input_ids, loss_mask, token_counts)."""
         m = self.meta

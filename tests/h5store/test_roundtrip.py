@@ -87,16 +87,30 @@ def test_chunks_decoded_once_per_batch(tmp_path, monkeypatch):
     from hiddenstates.h5store import shardio
 
     calls = []
-    orig = shardio.ChunkReader.chunk
+    orig, orig_into = shardio.ChunkReader.chunk, shardio.ChunkReader.chunk_into
 
     def counting(self, j):
         if self.meta.path.endswith("hidden_states"):
             calls.append(j)
         return orig(self, j)
 
+    def counting_into(self, j, out):
+        calls.append(j)
+        return orig_into(self, j, out)
+
     monkeypatch.setattr(shardio.ChunkReader, "chunk", counting)
+    monkeypatch.setattr(shardio.ChunkReader, "chunk_into", counting_into)
     ds.read(list(range(8)))
     assert sorted(calls) == list(range(6))
+    # Long samples: chunks wholly inside one sample decode straight into it; each chunk still once.
+    root = tmp_path / "long"
+    long = [make_sample(i, t=t, k=k, h=h) for i, t in enumerate([13, 4, 9])]  # 26 tokens: chunks 0..6
+    _write(root, long, k=k, h=h, config=WriterConfig(chunk_tokens=4, refresh_catalog=False))
+    calls.clear()
+    got = open_dataset(root).read([0, 1, 2])
+    assert sorted(calls) == list(range(7))
+    for s, g in zip(long, got, strict=True):
+        assert torch.equal(_bits(g["hidden_states"]), _bits(s["hidden_states"]))
 
 
 def test_lossy_codecs_record_error(tmp_path):
