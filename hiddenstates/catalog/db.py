@@ -202,7 +202,15 @@ class Catalog:
                 con = duckdb.connect(path, read_only=True, config=LOCKED_CONFIG)
             except duckdb.Error as e:
                 raise CatalogError(f"cannot open {path} read-only ({e}); rebuild it with `hiddenstates catalog rebuild`") from e
-            return cls(con, committed, "file")
+            # A writer may have renamed a refreshed file into place between the check and the connect: use the
+            # file only if what we opened still lists exactly this view's shards.
+            try:
+                same = sorted(r[0] for r in con.execute("SELECT name FROM shards").fetchall()) == sorted(committed)
+            except duckdb.Error:
+                same = False
+            if same:
+                return cls(con, committed, "file")
+            con.close()
         con = duckdb.connect(":memory:")
         _populate(con, root, committed)
         lock_down(con)

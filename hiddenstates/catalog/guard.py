@@ -44,9 +44,12 @@ def check_query(con: duckdb.DuckDBPyConnection, sql: str) -> None:
         raise CatalogError(f"the query does not parse: {_first_line(e)}") from e
     if len(statements) != 1:
         raise QueryRefusedError(f"give exactly one SQL statement (got {len(statements)}); separate queries into separate calls")
-    kind = statements[0].type
+    try:
+        kind = statements[0].type
+    except ValueError:  # a statement kind the Python enum does not know (e.g. UPDATE EXTENSIONS): not a SELECT
+        kind = None
     if kind not in _ALLOWED:
-        name = str(kind).rsplit(".", 1)[-1]
+        name = str(kind).rsplit(".", 1)[-1] if kind is not None else "this kind of"
         raise QueryRefusedError(
             f"the catalog is read-only: {name} statements are refused. Only SELECT queries run here; "
             "to change the catalog, change the dataset and run `hiddenstates catalog rebuild ROOT`"

@@ -70,6 +70,9 @@ ROLE_ALIASES: dict[str, str] = {
 }
 
 
+_MAX_TOKEN_ID = 2**31 - 1
+
+
 class RowRejected(Exception):
     """An input row that will not become a sample. `code` is a short category, `detail` says why."""
 
@@ -102,9 +105,21 @@ class Pretokenized:
 
 
 # -- row normalization ------------------------------------------------------------------------
+def _valid_text(text: str, where: str) -> str:
+    # JSON may carry lone UTF-16 surrogates ("\ud800"); tokenizers cannot encode them and would raise
+    # a TypeError that stops the whole run instead of rejecting the row.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise RowRejected(
+            "invalid_text", f"{where} holds a lone surrogate at character {e.start}, not valid Unicode"
+        ) from None
+    return text
+
+
 def _text(content: Any, where: str) -> str:
     if isinstance(content, str):
-        return content
+        return _valid_text(content, where)
     # OpenAI's list-of-parts form is only text when every part is text; anything else (images,
     # audio, numbers) has no faithful rendering through a text chat template.
     if (
@@ -115,7 +130,7 @@ def _text(content: Any, where: str) -> str:
             for p in content
         )
     ):
-        return "".join(p["text"] for p in content)
+        return _valid_text("".join(p["text"] for p in content), where)
     raise RowRejected(
         "non_string_content", f"{where} has content of type {type(content).__name__}, not a string"
     )
@@ -183,8 +198,9 @@ def normalize_row(record: Any) -> Conversation | Pretokenized:
             raise RowRejected("empty_conversation", "input_ids is empty")
         if any(v not in (0, 1) for v in mask):
             raise RowRejected("bad_pretokenized", "loss_mask must hold only 0/1 (or booleans)")
-        if any(v < 0 for v in ids):
-            raise RowRejected("bad_pretokenized", "input_ids must be non-negative")
+        if any(v < 0 or v > _MAX_TOKEN_ID for v in ids):
+            # The store keeps ids as int32; a larger one would overflow later and stop the whole run.
+            raise RowRejected("bad_pretokenized", f"input_ids must be in [0, {_MAX_TOKEN_ID}]")
         if not any(mask):
             raise RowRejected("all_zero_mask", "the loss mask selects no token")
         return Pretokenized(input_ids=ids, loss_mask=[bool(v) for v in mask], meta=meta)
@@ -240,9 +256,11 @@ class DataSource:
 
 
 def _open_text(path: Path) -> io.TextIOBase:
+    # Bytes that are not UTF-8 become lone surrogates instead of a UnicodeDecodeError that would stop the
+    # run: such a line is then rejected alone (invalid_json, or invalid_text when it sits inside a string).
     if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
-    return open(path, encoding="utf-8")
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors="surrogateescape")
+    return open(path, encoding="utf-8", errors="surrogateescape")
 
 
 def _jsonl_rows(path: Path) -> Iterator[tuple[int, Any]]:

@@ -174,7 +174,16 @@ class HFBackend:
             raise BackendError(
                 f"captured states have shape {tuple(stacked.shape)}, expected [{len(batch)}, {T}, K, {self.hidden_size}]"
             )
-        stacked = stacked.to(self.dtype).cpu()
+        stacked = stacked.to(self.dtype)
+        if stacked.is_cuda:
+            # Page-locked host memory copies at full PCIe speed; torch's host allocator caches these
+            # blocks, so steady-state batches reuse them once the writer has released earlier ones.
+            host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
+            host.copy_(stacked, non_blocking=True)
+            torch.cuda.current_stream(stacked.device).synchronize()
+            stacked = host
+        else:
+            stacked = stacked.cpu()
         return [stacked[r, :n].contiguous() for r, n in enumerate(lengths)]
 
     def close(self) -> None:

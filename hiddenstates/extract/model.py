@@ -17,11 +17,11 @@ from pathlib import Path
 
 from hiddenstates.errors import ConfigError, ExtractionError
 
-__all__ = ["ResolvedModel", "folder_fingerprint", "resolve_model", "tokenizer_fingerprint"]
+__all__ = ["TOKENIZER_FILES", "ResolvedModel", "folder_fingerprint", "resolve_model", "tokenizer_fingerprint"]
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$|^[A-Za-z0-9][\w.-]*$")
 _WEIGHTS = re.compile(r"\.(safetensors|bin|pt|pth|gguf)$")
-_TOKENIZER_FILES = (
+TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer.model",
     "vocab.json",
@@ -57,7 +57,7 @@ def _hash_head_tail(h: hashlib._Hash, path: Path) -> None:
 def folder_fingerprint(path: Path) -> str:
     h = hashlib.sha256()
     for f in sorted(path.iterdir()):
-        if f.is_file() and (f.name == "config.json" or _WEIGHTS.search(f.name) or f.name in _TOKENIZER_FILES):
+        if f.is_file() and (f.name == "config.json" or _WEIGHTS.search(f.name) or f.name in TOKENIZER_FILES):
             _hash_head_tail(h, f)
     return h.hexdigest()[:16]
 
@@ -65,7 +65,7 @@ def folder_fingerprint(path: Path) -> str:
 def tokenizer_fingerprint(path: Path) -> str:
     """sha256 over the tokenizer files present in a model folder (chat template included separately)."""
     h = hashlib.sha256()
-    for name in _TOKENIZER_FILES:
+    for name in TOKENIZER_FILES:
         f = path / name
         if f.is_file() and name not in ("chat_template.jinja", "chat_template.json"):
             h.update(name.encode())

@@ -26,7 +26,7 @@ import torch
 from hiddenstates.errors import TrainingError
 from hiddenstates.train.distributed import DistContext, unwrap
 
-__all__ = ["CHECKPOINTS_DIR", "Checkpointer", "ResumePoint", "save_speculators_model"]
+__all__ = ["CHECKPOINTS_DIR", "Checkpointer", "ResumePoint", "full_model_state", "save_speculators_model"]
 
 CHECKPOINTS_DIR = "checkpoints"
 LATEST = "latest"
@@ -39,14 +39,17 @@ class ResumePoint:
     state: dict[str, Any]
 
 
-def _full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def full_model_state(model: torch.nn.Module) -> dict[str, Any]:
+    """Every weight, unsharded, on the CPU, under the unwrapped model's names.
+
+    A collective under FSDP (gathers the shards): every rank must call it. Local under DDP.
+    """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    # A collective under FSDP (gathers the shards); local under DDP. Keys carry no wrapper prefix.
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return dict(get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)))
 
 
-def save_speculators_model(raw_model: Any, full_state: dict[str, torch.Tensor], path: Path) -> None:
+def save_speculators_model(raw_model: Any, full_state: dict[str, Any], path: Path) -> None:
     """config.json + model.safetensors in bf16, as speculators' own checkpointer writes them."""
     from speculators.train.checkpointer import convert_float_dtype, patch_config_dtype
     from transformers.utils import logging as hf_logging
@@ -83,7 +86,7 @@ class Checkpointer:
         """Collective: every rank calls it; rank 0 writes."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-        full = _full_model_state(model)
+        full = full_model_state(model)
         optim = get_optimizer_state_dict(model, optimizer,
                                          options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         final = self.dir / name

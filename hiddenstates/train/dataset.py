@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -34,7 +36,7 @@ if TYPE_CHECKING:
 
     from hiddenstates.h5store.reader import Dataset
 
-__all__ = ["SPLITS", "HiddenStatesDataset", "StreamOptions", "StreamingLoader", "resolve_world"]
+__all__ = ["SPLITS", "HiddenStatesDataset", "StreamOptions", "StreamingLoader", "background", "resolve_world"]
 
 SPLITS = ("train", "val", "all")
 _MIB = 1 << 20
@@ -56,7 +58,8 @@ class StreamOptions:
     window_blocks: int = 8  # samples are shuffled within windows of this many blocks
     shard_group: int = 8  # shards whose blocks are interleaved together
     max_open_rows: int = 16  # first-fit packing keeps this many rows open
-    prefetch_bytes: int = 512 * _MIB  # decoded bytes read ahead (plus a quarter for the chunk cache)
+    prefetch_bytes: int = 512 * _MIB  # decoded sample bytes read ahead (plus an eighth, at most 64 MiB, of chunk cache)
+    batches_ahead: int = 2  # batches assembled ahead by a background thread; 0: assemble in the consuming thread
     threads: int | None = None  # decode threads per process [default: min(8, cpus)]
     hidden_dtype: str = "bfloat16"  # dtype of the packed hidden states (CollateFn casts while copying)
     verify_checksums: bool = True
@@ -74,12 +77,19 @@ class StreamOptions:
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {v!r}")
+        if not isinstance(self.batches_ahead, int) or self.batches_ahead < 0:
+            raise ConfigError(f"batches_ahead must be an integer >= 0, got {self.batches_ahead!r}")
         if self.threads is not None and self.threads <= 0:
             raise ConfigError(f"threads must be positive, got {self.threads}")
         if self.hidden_dtype not in _HIDDEN_DTYPES:
             raise ConfigError(f"hidden_dtype must be one of {', '.join(_HIDDEN_DTYPES)}, got {self.hidden_dtype!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
+
+
+def chunk_cache_bytes(prefetch_bytes: int) -> int:
+    """The reader's decoded-chunk cache: only chunks shared by neighbouring windows need it."""
+    return max(8 * _MIB, min(64 * _MIB, prefetch_bytes // 8))
 
 
 def resolve_world(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
@@ -148,7 +158,7 @@ class HiddenStatesDataset(IterableDataset):
             return root
         o = self.options
         return Dataset(root, storage_options=storage_options, threads=o.threads, verify_checksums=o.verify_checksums,
-                       cache_bytes=max(8 * _MIB, o.prefetch_bytes // 4))
+                       cache_bytes=chunk_cache_bytes(o.prefetch_bytes))
 
     def _resolve_layers(self, layers: Sequence[int] | None) -> tuple[list[int], int]:
         stored = self.store.layer_ids
@@ -196,7 +206,7 @@ class HiddenStatesDataset(IterableDataset):
 
     def _plan_fingerprint(self) -> str:
         o = asdict(self.options)
-        for k in ("prefetch_bytes", "threads", "verify_checksums"):  # how fast, not what: may change on resume
+        for k in ("prefetch_bytes", "threads", "verify_checksums", "batches_ahead"):  # how fast, not what
             o.pop(k)
         spec = {
             "dataset": self.store.fingerprint, "where": self.where, "params": self.params, "layers": self.aux_layer_ids,
@@ -307,9 +317,15 @@ class HiddenStatesDataset(IterableDataset):
         units = self._my_units(epoch, start)
         info = get_worker_info()
         if info is not None:  # a DataLoader worker: produce this worker's steps; the parent tracks the position
-            yield from self._produce(epoch, units[worker_steps(units.size, info.num_workers, info.id)])
+            units = units[worker_steps(units.size, info.num_workers, info.id)]
+        # The plan is computed here, in the consuming thread: the producer thread only reads it.
+        batches = self._produce(self.plan(epoch), units)
+        if self.options.batches_ahead:
+            batches = background(batches, self.options.batches_ahead)
+        if info is not None:
+            yield from batches
             return
-        for k, batch in enumerate(self._produce(epoch, units)):
+        for k, batch in enumerate(batches):
             self._advance(epoch, start, k + 1)
             yield batch
         self._finish_epoch(epoch)
@@ -320,17 +336,16 @@ class HiddenStatesDataset(IterableDataset):
         return StreamingLoader(self, num_workers=num_workers, pin_memory=pin_memory, prefetch_factor=prefetch_factor,
                                multiprocessing_context=multiprocessing_context)
 
-    def _produce(self, epoch: int, units: np.ndarray) -> Iterator[dict[str, Any]]:
+    def _produce(self, plan: Plan, units: np.ndarray) -> Iterator[dict[str, Any]]:
         """Batches for `units` in order: reads run ahead through the store's threaded reader."""
-        plan = self.plan(epoch)
         counts = [0 if u == PAD else int(plan.offsets[u + 1] - plan.offsets[u]) for u in units]
         flat = [int(self.selection[p]) for u in units if u != PAD for p in plan.unit(int(u))]
-        o = self.options
         wanted = [*self.aux_layer_ids, self.last_layer_id]
         # All stored layers in stored order: let the reader skip its layer-selection copy.
         layers = None if wanted == self.store.layer_ids else wanted
-        samples = self.store.iter_read(flat, layers=layers,
-                                       window_bytes=max(_MIB, o.prefetch_bytes // 2), prefetch=2)
+        # The reader reads each sample (fetch, decode, copy, checksum) in its pool, at most
+        # prefetch_bytes of samples ahead: that bounds the loader's memory.
+        samples = self.store.iter_read(flat, layers=layers, lookahead_bytes=self.options.prefetch_bytes)
         for c in counts:
             items = [self._item(next(samples)) for _ in range(c)]
             if self.packed:
@@ -380,11 +395,73 @@ class HiddenStatesDataset(IterableDataset):
                 f"units_done={self._units_done})")
 
 
+class _Failure:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+_DONE = object()
+
+
+def background(items: Iterator[Any], depth: int) -> Iterator[Any]:
+    """Run an iterator in a daemon thread, `depth` items ahead; its exceptions re-raise here.
+
+    Batches are assembled (reads waited for, speculators' CollateFn run) while the consumer
+    computes. It also keeps torch's copies out of the consuming thread: there, on a busy machine,
+    OpenMP's spinning workers and the store's decode threads slowed packing ~10x (measured on 2 cores).
+    """
+    q: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(x: Any) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(x, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run() -> None:
+        try:
+            for x in items:
+                if not put(x):
+                    return
+            put(_DONE)
+        except BaseException as e:  # handed to the consumer, which re-raises it with its traceback
+            put(_Failure(e))
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()  # a generator: run its cleanup (the reader cancels its pending reads) in this thread
+
+    t = threading.Thread(target=run, name="hiddenstates-batches", daemon=True)
+    t.start()
+    try:
+        while True:
+            x = q.get()
+            if x is _DONE:
+                return
+            if isinstance(x, _Failure):
+                raise x.exc
+            yield x
+    finally:
+        stop.set()  # the consumer stopped early (or failed): let the producer end at its next item
+        t.join(timeout=5.0)
+
+
 def _worker_init(worker_id: int) -> None:
     import torch
+    from torch.utils.data import get_worker_info
 
     # Decoding runs in the store's own threads; torch's intra-op pool would only oversubscribe the cores.
     torch.set_num_threads(1)
+    info = get_worker_info()
+    if info is not None and isinstance(info.dataset, HiddenStatesDataset) and info.dataset.options.threads is None:
+        ds = info.dataset
+        # K workers share the cores: each decodes with its share instead of min(8, cpus) threads.
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        ds.store.threads = max(1, min(8, cpus // max(1, info.num_workers)))
 
 
 class StreamingLoader:

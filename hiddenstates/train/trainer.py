@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,13 @@ import torch
 import xxhash
 
 from hiddenstates.errors import TrainingError
-from hiddenstates.train.checkpoint import CHECKPOINTS_DIR, Checkpointer, ResumePoint, save_speculators_model
+from hiddenstates.train.checkpoint import (
+    CHECKPOINTS_DIR,
+    Checkpointer,
+    ResumePoint,
+    full_model_state,
+    save_speculators_model,
+)
 from hiddenstates.train.config import TrainConfig
 from hiddenstates.train.dataset import HiddenStatesDataset, StreamOptions
 from hiddenstates.train.distributed import (
@@ -115,10 +122,9 @@ class _Run:
         c = self.c
         common: dict[str, Any] = {"where": c.where, "params": list(c.params) or None, "layers": c.layers,
                                   "rank": self.ctx.rank, "world_size": self.ctx.world_size}
-        perf = {"prefetch_bytes": c.prefetch_mb << 20, "threads": c.decode_threads}
         self.train_ds = HiddenStatesDataset(c.root, options=StreamOptions(
             split="train" if c.val_fraction > 0 else "all", val_fraction=c.val_fraction, shuffle=True, seed=c.seed,
-            total_seq_len=c.total_seq_len, **perf), **common)
+            total_seq_len=c.total_seq_len, prefetch_bytes=c.prefetch_mb << 20, threads=c.decode_threads), **common)
         if self.train_ds.num_samples == 0:
             raise TrainingError(f"no training samples in {c.root} (where={c.where!r}, val_fraction={c.val_fraction}); "
                                 "loosen --where or add data")
@@ -126,7 +132,7 @@ class _Run:
         if c.val_fraction > 0:
             self.val_ds = HiddenStatesDataset(self.train_ds.store, options=StreamOptions(
                 split="val", val_fraction=c.val_fraction, shuffle=False, seed=c.seed, total_seq_len=c.total_seq_len,
-                **perf), **common)
+                prefetch_bytes=c.prefetch_mb << 20, threads=c.decode_threads), **common)
             if self.val_ds.num_samples == 0:
                 self.val_ds = None
         self.steps_per_epoch = [self.train_ds.steps_in_epoch(e) for e in range(c.epochs)]
@@ -235,10 +241,10 @@ class _Run:
                 vals += [metrics[f"{kind}_{i}_sum"].detach().float(), metrics[f"{kind}_{i}_total"].detach().float()]
         return torch.stack([v.reshape(()) for v in vals]).to(self.ctx.device)
 
-    def _metric_row(self, v: torch.Tensor) -> dict[str, float]:
+    def _metric_row(self, v: torch.Tensor) -> dict[str, Any]:
         x = v.cpu().tolist()
         n_loss = max(x[1], 1.0)
-        row: dict[str, float] = {"loss": x[0] / n_loss, "loss_tokens": x[1], "tokens": x[2]}
+        row: dict[str, Any] = {"loss": x[0] / n_loss, "loss_tokens": x[1], "tokens": x[2]}
         p = 3
         for i in range(self.c.ttt_steps):
             row[f"loss_{i}"] = x[p] / n_loss
@@ -247,8 +253,10 @@ class _Run:
             p += 5
         return row
 
-    def _train_step(self, batch: dict[str, Any]) -> tuple[torch.Tensor, int]:
+    def _train_step(self, batch: dict[str, Any]) -> tuple[torch.Tensor, int, float]:
+        """One optimizer step. Returns (metric sums, batch digest, the learning rate this step used)."""
         digest = batch_digest(batch)
+        lr = float(self.scheduler.get_last_lr()[0])
         b = self._to_device(batch)
         loss, metrics = self._forward(b)
         self.optimizer.zero_grad(set_to_none=True)
@@ -256,13 +264,10 @@ class _Run:
         torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], self.c.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
-        if not torch.isfinite(loss.detach()).item():
-            raise TrainingError(f"the loss became {loss.item()} at step {self.global_step + 1}; lower --lr or check "
-                                "the store with `hiddenstates verify --deep`")
-        return self._metric_vector(loss, metrics, b), digest
+        return self._metric_vector(loss, metrics, b), digest, lr
 
     @torch.no_grad()
-    def _validate(self) -> dict[str, float] | None:
+    def _validate(self) -> dict[str, Any] | None:
         if self.val_ds is None:
             return None
         self.model.eval()
@@ -314,21 +319,23 @@ class _Run:
             while self.train_ds.epoch < c.epochs and not stopped:
                 epoch = self.train_ds.epoch
                 for batch in self.train_ds.loader(num_workers=c.num_workers, pin_memory=ctx.device.type == "cuda"):
-                    vec, digest = self._train_step(batch)
+                    vec, digest, lr = self._train_step(batch)
                     self.global_step += 1
-                    lr = self.scheduler.get_last_lr()[0]
                     if self.global_step % c.log_every == 0 or self.global_step == self.total_steps:
                         row = self._metric_row(ctx.all_reduce_sum(vec))
                         digests = ctx.all_gather_int(digest)
                         row.update(split="train", step=self.global_step, epoch=epoch, lr=lr,
                                    batch_digest=xxhash.xxh3_64_hexdigest(repr(digests).encode()),
                                    elapsed_s=time.time() - t0)
+                        if not math.isfinite(row["loss"]):  # the reduced value: every rank stops together
+                            raise TrainingError(f"the loss became {row['loss']} at step {self.global_step}; lower "
+                                                "--lr, or check the store with `hiddenstates verify --deep`")
                         last_train = row["loss"]
                         if log is not None:
                             log.write(row)
                         self.reporter.step(self.global_step, row)
                     if c.val_every and self.global_step % c.val_every == 0:
-                        last_val = self._log_val(log, epoch, t0) or last_val
+                        last_val = self._log_val(log, epoch, t0, last_val)
                     if c.checkpoint_every and self.global_step % c.checkpoint_every == 0:
                         self._checkpoint(epoch_done=False)
                     if c.max_steps is not None and self.global_step >= c.max_steps:
@@ -337,7 +344,7 @@ class _Run:
                 if stopped:
                     break
                 if not c.val_every:
-                    last_val = self._log_val(log, epoch, t0) or last_val
+                    last_val = self._log_val(log, epoch, t0, last_val)
                 if not c.checkpoint_every or self.global_step % c.checkpoint_every:
                     self._checkpoint(epoch_done=True)
             if stopped and (not c.checkpoint_every or self.global_step % c.checkpoint_every):
@@ -360,10 +367,11 @@ class _Run:
         return TrainResult(out=self.out, final_dir=final, global_step=self.global_step, completed=completed,
                            last_train_loss=last_train, last_val_loss=last_val)
 
-    def _log_val(self, log: MetricsLog | None, epoch: int, t0: float) -> float | None:
+    def _log_val(self, log: MetricsLog | None, epoch: int, t0: float, previous: float | None) -> float | None:
+        """Validate, log the row; returns the validation loss (or `previous` when there is no validation split)."""
         row = self._validate()
         if row is None:
-            return None
+            return previous
         row.update(split="val", step=self.global_step, epoch=epoch, lr=self.scheduler.get_last_lr()[0],
                    batch_digest="", elapsed_s=time.time() - t0)
         if log is not None:
@@ -373,9 +381,7 @@ class _Run:
         return row["loss"]
 
     def _save_final(self) -> Path:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        full = full_model_state(self.model)
         final = self.out / FINAL_DIR
         if self.ctx.is_main:
             import shutil

@@ -37,7 +37,7 @@ def _tokenizer_sha(name_or_path: str) -> tuple[str | None, str]:
     (None, why) when it cannot be computed (no tokenizer files; a hub id that is neither cached nor
     reachable): the vocabulary-range check still runs then, and the reason is shown to the user.
     """
-    from hiddenstates.extract.model import _TOKENIZER_FILES, tokenizer_fingerprint
+    from hiddenstates.extract.model import TOKENIZER_FILES, tokenizer_fingerprint
 
     path = Path(name_or_path).expanduser()
     if not path.is_dir():
@@ -45,11 +45,11 @@ def _tokenizer_sha(name_or_path: str) -> tuple[str | None, str]:
             from huggingface_hub import snapshot_download
 
             # Tokenizer files only: a few MB, never the weights.
-            path = Path(snapshot_download(name_or_path, allow_patterns=list(_TOKENIZER_FILES),
+            path = Path(snapshot_download(name_or_path, allow_patterns=list(TOKENIZER_FILES),
                                           local_files_only=bool(os.environ.get("HF_HUB_OFFLINE"))))
         except Exception as e:  # offline, gated, unknown repo: huggingface_hub raises many types
             return None, f"its tokenizer files could not be fetched ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-    if not any((path / f).is_file() for f in _TOKENIZER_FILES):
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
         return None, f"{path} holds no tokenizer files"
     return tokenizer_fingerprint(path), ""
 

@@ -217,3 +217,73 @@ def test_caller_backend_is_not_closed_and_config_object_works(tmp_path: Path) ->
     assert not be.closed and s.layer_ids == [0, 3, 8]
     with open_dataset(tmp_path / "c") as ds:
         assert ds.dtype == "float16" and ds[0]["hidden_states"].dtype == torch.float16
+
+
+def test_several_writer_threads_store_the_same_samples(tmp_path: Path) -> None:
+    one = extract(out=tmp_path / "one", backend=FakeBackend(), limit=60, writers=1, **QUIET)
+    three = extract(out=tmp_path / "three", backend=FakeBackend(), limit=60, writers=3, shard_mb=1, **QUIET)
+    assert one.shards == ["rank0-00000"]
+    assert {s.split("-")[0] for s in three.shards} == {"rank0.0", "rank0.1", "rank0.2"}
+    assert three.samples_written == one.samples_written == 60
+    _assert_same_samples(_stored(tmp_path / "one"), _stored(tmp_path / "three"))
+    with open_dataset(tmp_path / "three") as ds:
+        runs = ds.catalog.sql("SELECT run_id, writer_id FROM runs").to_pylist()
+    assert runs == [{"run_id": three.run_id, "writer_id": "rank0"}]
+
+
+def test_crash_with_several_writers_resumes_with_one(tmp_path: Path) -> None:
+    small = {"limit": 120, "shard_mb": 1, "batch_tokens": 1024, "window": 32, **QUIET}
+    with pytest.raises(RuntimeError, match="fake engine failure"):
+        extract(out=tmp_path / "crash", backend=FakeBackend(fail_on_call=14), writers=3, **small)
+    assert _uncommitted(tmp_path / "crash") == []  # the pool aborted every writer's open shard
+    # leave a stale half-written shard of a writer this resume will not open, as a SIGKILL would
+    (tmp_path / "crash" / "shards" / "rank0.2-00077.zarr").mkdir(parents=True)
+    extract(out=tmp_path / "crash", backend=FakeBackend(), writers=1, **small)
+    assert _uncommitted(tmp_path / "crash") == []
+    extract(out=tmp_path / "clean", backend=FakeBackend(), **small)
+    _assert_same_samples(_stored(tmp_path / "crash"), _stored(tmp_path / "clean"))
+
+
+def test_engine_prompt_limit_shrinks_the_default_max_len(tmp_path: Path) -> None:
+    from hiddenstates.errors import ConfigError
+
+    be = FakeBackend()
+    be.max_prompt_len = 100  # type: ignore[attr-defined]  # what an engine like vLLM reports
+    s = extract(out=tmp_path / "a", backend=be, limit=40, **QUIET)
+    assert s.truncated > 0
+    with open_dataset(tmp_path / "a") as ds:
+        assert ds.info.capture["max_len"] == 100 and int(ds.num_tokens.max()) <= 100
+    with pytest.raises(ConfigError, match="--max-len 100 or less"):
+        extract(out=tmp_path / "b", backend=be, limit=4, max_len=200, **QUIET)
+
+
+def test_vllm_backend_is_built_with_the_run_settings_fake_vllm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Wiring only: a stand-in replaces VLLMBackend, so no vLLM code runs here."""
+    import hiddenstates.extract.vllm_backend as vb
+
+    made: dict = {}
+
+    class StandIn(FakeBackend):
+        name = "vllm"
+
+        def __init__(self, model: str, **kwargs: object) -> None:
+            super().__init__()
+            made.update(model=model, **kwargs)
+            self.max_prompt_len = int(kwargs["max_model_len"]) - 1  # type: ignore[call-overload]
+
+    monkeypatch.setattr(vb, "VLLMBackend", StandIn)
+    s = extract(
+        out=tmp_path / "v",
+        limit=3,
+        layers="2,8",
+        dtype="fp16",
+        config=ExtractConfig(backend="vllm", tp=2),
+        **QUIET,
+    )
+    assert made["layer_ids"] == [2, 8] and made["dtype"] == "float16" and made["tp"] == 2
+    assert made["max_model_len"] == 4096  # the model's 4096 positions: prompts up to 4095 + 1 generated
+    assert s.backend == "vllm" and s.samples_written == 3
+    with open_dataset(tmp_path / "v") as ds:
+        assert ds.info.capture["max_len"] == 4095

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
+import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,7 +15,7 @@ import torch
 
 from hiddenstates.errors import ConfigError, StateDictMismatchError
 from hiddenstates.h5store import open_dataset
-from hiddenstates.train.dataset import HiddenStatesDataset
+from hiddenstates.train.dataset import HiddenStatesDataset, background
 from tests.train.conftest import RANDOM_HIDDEN, write_random_store
 
 SMALL = {"block_tokens": 64, "window_blocks": 2, "shard_group": 2}
@@ -225,3 +228,31 @@ def test_bad_options_are_refused(random_store: Path) -> None:
         HiddenStatesDataset(random_store, total_seq_len=1, rank=0, world_size=1)
     with pytest.raises(ConfigError, match="rank 2"):
         HiddenStatesDataset(random_store, rank=2, world_size=2)
+
+
+def test_background_assembly_reraises_and_stops_with_its_consumer() -> None:
+    def failing() -> Iterator[int]:
+        yield 1
+        yield 2
+        raise ValueError("boom")
+
+    it = background(failing(), 1)
+    assert [next(it), next(it)] == [1, 2]
+    with pytest.raises(ValueError, match="boom"):
+        next(it)
+    produced: list[int] = []
+
+    def endless() -> Iterator[int]:
+        i = 0
+        while True:
+            produced.append(i)
+            yield i
+            i += 1
+
+    it = background(endless(), 2)
+    assert next(it) == 0
+    it.close()  # the consumer stops early: the producer thread must end, not fill memory forever
+    n = len(produced)
+    time.sleep(0.3)
+    assert len(produced) == n <= 4
+    assert not any(t.name == "hiddenstates-batches" and t.is_alive() for t in threading.enumerate())
