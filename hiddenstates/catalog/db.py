@@ -102,15 +102,18 @@ def _catalog_shards(path: str) -> list[str] | None:
 def refresh_catalog(root: str | os.PathLike[str] | Root, *, full: bool = False) -> str:
     """Bring catalog.duckdb up to date with the committed manifests; returns its path.
 
+    On a remote root (s3://, ...) it rewrites the Parquet export under catalog/ instead.
     Incremental: shards already in the catalog are kept, new ones inserted, vanished ones deleted.
     `full=True` rebuilds from scratch (same content).
     """
     root = open_root(root)
     if not root.is_local:
-        raise CatalogError(
-            f"catalog.duckdb is built only for local roots; {root.url} is remote. Remote readers build the catalog "
-            "in memory from the manifests (or read its Parquet export)"
-        )
+        # DuckDB files cannot live on object stores: a remote root keeps its catalog as the Parquet export
+        # (catalog/*.parquet) that remote readers open.
+        from hiddenstates.hub.remote import write_catalog_export
+
+        write_catalog_export(root)
+        return root.url_of("catalog")
     target = root.full(CATALOG_FILE)
     with _build_lock(root):
         committed = list_committed_shards(root)
@@ -123,6 +126,9 @@ def refresh_catalog(root: str | os.PathLike[str] | Root, *, full: bool = False) 
                 con = duckdb.connect(tmp)
                 try:
                     _populate(con, root, committed)
+                    # Explicitly: a checkpoint that fails on close (full disk) is silent, leaving the data in a WAL
+                    # that the rename below would leave behind.
+                    con.execute("CHECKPOINT")
                 finally:
                     con.close()
             else:
@@ -142,7 +148,18 @@ def refresh_catalog(root: str | os.PathLike[str] | Root, *, full: bool = False) 
                     con.execute("CHECKPOINT")
                 finally:
                     con.close()
+            if _catalog_shards(tmp) != committed or os.path.exists(tmp + ".wal"):
+                raise CatalogError(f"the new {CATALOG_FILE} could not be written completely (is the disk full?)")
             os.replace(tmp, target)
+        except duckdb.Error as e:
+            for p in (tmp, tmp + ".wal"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(p)
+            raise CatalogError(
+                f"cannot build {target} ({str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}); "
+                "the committed samples are intact and readers build the catalog from the manifests meanwhile: "
+                "fix the cause (e.g. free space) and run `hiddenstates catalog refresh`"
+            ) from e
         except BaseException:
             for p in (tmp, tmp + ".wal"):
                 with contextlib.suppress(FileNotFoundError):

@@ -541,15 +541,9 @@ class DatasetWriter:
             self._closed = True
             self._shutdown_pool()
         if self.config.refresh_catalog and self.committed_shards:
-            if self.root.is_local:
-                from hiddenstates.catalog import refresh_catalog
+            from hiddenstates.catalog import refresh_catalog
 
-                refresh_catalog(self.root)
-            else:
-                # A remote root has no catalog.duckdb; its readers open the Parquet export.
-                from hiddenstates.hub.remote import write_catalog_export
-
-                write_catalog_export(self.root)
+            refresh_catalog(self.root)  # catalog.duckdb locally, the Parquet export on a remote root
 
     def _check_open(self) -> None:
         if self._closed:

@@ -13,11 +13,17 @@ from hiddenstates.train import TrainConfig
 
 
 def test_help_lists_the_training_flags() -> None:
-    result = CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "200"})
-    assert result.exit_code == 0
+    # A fresh process: rich sizes its console once per process, and earlier tests may have narrowed it.
+    import os
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "hiddenstates", "train", "--help"], capture_output=True, text=True,
+                            env={**os.environ, "COLUMNS": "200", "TERMINAL_WIDTH": "200"}, timeout=120)
+    assert result.returncode == 0, result.stderr
     for flag in ("--verifier", "--out", "--where", "--epochs", "--lr", "--total-seq-len", "--ttt-steps",
                  "--draft-vocab-size", "--fsdp", "--resume", "--postnorm", "--max-steps"):
-        assert flag in result.output
+        assert flag in result.stdout
 
 
 def test_a_store_from_another_model_is_refused_in_one_line(random_store: Path, verifier_dir: Path, tmp_path: Path,
