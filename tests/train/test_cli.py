@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from hiddenstates.cli import app, main
+from hiddenstates.cli import main
 from hiddenstates.errors import ConfigError
 from hiddenstates.train import TrainConfig
 
