@@ -3,11 +3,19 @@ chunk, file and shard boundaries."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
+from hypothesis import settings
 
 from hiddenstates.h5store import WriterConfig
+
+# CI runs the same examples every time (a red CI must be reproducible); local runs explore new ones.
+settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 def fake_hidden(t: int, k: int, h: int, *, seed: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:

@@ -147,7 +147,8 @@ def write_manifest(root: Root, records: list[SampleRecord], summary: ShardSummar
     table = pa.table(cols, schema=MANIFEST_SCHEMA)
     table = table.replace_schema_metadata({META_KEY: summary.to_json().encode()})
     buf = io.BytesIO()
-    pq.write_table(table, buf, compression="zstd")
+    # Page CRCs: a flipped byte in a page (e.g. a dictionary index that would relabel a sample) fails the read.
+    pq.write_table(table, buf, compression="zstd", write_page_checksum=True)
     root.write_atomic(manifest_path(summary.shard), buf.getvalue())
 
 
@@ -164,7 +165,7 @@ def _open_parquet(root: Root, shard: str) -> pq.ParquetFile:
     rel = manifest_path(shard)
     try:
         data = root.read_bytes(rel)
-        return pq.ParquetFile(io.BytesIO(data))
+        return pq.ParquetFile(io.BytesIO(data), page_checksum_verification=True)
     except FileNotFoundError:
         raise
     except Exception as e:  # pyarrow raises several types for a damaged file
@@ -186,6 +187,7 @@ def read_manifest(root: Root, shard: str, columns: list[str] | None = None) -> t
             raise CorruptStoreError(f"manifest of shard {shard}: column {f.name!r} has type {have}, expected {f.type}")
     try:
         table = pf.read(columns=columns)
+        table.validate(full=True)  # e.g. invalid UTF-8 in a string column from a flipped byte
     except Exception as e:  # pyarrow raises OSError/ArrowInvalid/... for damaged pages, like at open
         raise CorruptStoreError(f"manifest of shard {shard} cannot be read ({e}); restore it or run "
                                 "`hiddenstates repair --drop-corrupt`") from e

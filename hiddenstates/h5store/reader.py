@@ -120,10 +120,11 @@ class _ZarrFallback:
 class _Shard:
     """Lazily opened readers for one shard's arrays."""
 
-    def __init__(self, root: Root, name: str, summary: ShardSummary) -> None:
+    def __init__(self, root: Root, name: str, summary: ShardSummary, row_shape: tuple[int, int]) -> None:
         self.root = root
         self.name = name
         self.summary = summary
+        self.row_shape = row_shape  # (K, H) as dataset.json says: what every hidden-state row must be
         self._lock = threading.Lock()
         self._hidden: Any = None
         self._scale: np.ndarray | None = None
@@ -132,10 +133,18 @@ class _Shard:
 
     def _reader(self, array: str) -> Any:
         path = f"{shard_path(self.name)}/{array}"
+        reader: Any
         try:
-            return ChunkReader(self.root, ArrayMeta.load(self.root, path))
+            reader = ChunkReader(self.root, ArrayMeta.load(self.root, path))
+            rows = reader.meta.row_shape
         except UnsupportedLayout:
-            return _ZarrFallback(self.root, path, int(self.summary.chunk_tokens))
+            reader = _ZarrFallback(self.root, path, int(self.summary.chunk_tokens))
+            rows = tuple(reader.arr.shape[1:])
+        if array == "hidden_states" and tuple(rows) != self.row_shape:
+            # Copying [*, K', H'] rows into [*, K, H] samples would fail deep in a reader thread, or worse, fit.
+            raise CorruptStoreError(f"shard {self.name}: hidden_states rows are {list(rows)}, dataset.json says "
+                                    f"{list(self.row_shape)} (layers x hidden size); run `hiddenstates verify`")
+        return reader
 
     @property
     def hidden(self) -> Any:
@@ -337,7 +346,8 @@ class Dataset:
             with self._shard_lock:
                 sh = self._shards.get(s)
                 if sh is None:
-                    sh = _Shard(self.root, self.index.shards[s], self.index.summaries[s])
+                    sh = _Shard(self.root, self.index.shards[s], self.index.summaries[s],
+                                (len(self.info.layer_ids), self.info.hidden_size))
                     self._shards[s] = sh
         return sh
 

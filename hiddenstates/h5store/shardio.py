@@ -104,7 +104,7 @@ class ArrayMeta:
             out = cls._parse(path, meta)
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
             raise CorruptStoreError(f"{path}/zarr.json is malformed ({type(e).__name__}: {e}); run `hiddenstates verify`") from e
-        if any(n < 0 for n in out.shape) or out.outer_rows <= 0 or out.inner_rows <= 0:
+        if not out.shape or any(n < 0 for n in out.shape) or out.outer_rows <= 0 or out.inner_rows <= 0:
             raise CorruptStoreError(f"{path}/zarr.json gives impossible sizes (shape {list(out.shape)}, chunks of "
                                     f"{out.outer_rows}/{out.inner_rows} rows)")
         if out.separator not in (".", "/"):

@@ -68,6 +68,9 @@ def _check_shard_files(root: Root, name: str, summary: Any, k: int, h: int) -> l
         except (ValueError, KeyError, TypeError) as e:
             issues.append(f"{array}/zarr.json is damaged ({e})")
             continue
+        if len(shape) != (3 if array == "hidden_states" else 1):
+            issues.append(f"{array} has shape {shape}, expected {'[T, K, H]' if array == 'hidden_states' else '[T]'}")
+            continue
         if shape[0] != summary.num_tokens:
             issues.append(f"{array} holds {shape[0]} tokens, the manifest says {summary.num_tokens}")
         if array != "hidden_states":
