@@ -11,16 +11,11 @@ import typer
 
 from hiddenstates.cli.app import app, catalog_app
 from hiddenstates.errors import ConfigError
+from hiddenstates.units import human_bytes
 
 ROOT_ARG = typer.Argument(..., help="Dataset root: a folder, or an fsspec URL (s3://, hf://datasets/ORG/NAME, https://).")
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1000
-    return f"{n:.1f} PB"
 
 
 @app.command()
@@ -50,7 +45,7 @@ def info(root: str = ROOT_ARG, as_json: bool = typer.Option(False, "--json", hel
     if s["lossy_error"]:
         t.add_row("lossy error", f"max rel err {s['lossy_error']['max_rel_err']:.4g}, min cos {s['lossy_error']['min_cos']:.6f}")
     ratio = f"{s['compression_ratio']:.3f}x" if s["compression_ratio"] else "-"
-    t.add_row("bytes", f"{_human(s['stored_bytes'])} on disk, {_human(s['raw_bytes'])} raw ({ratio})")
+    t.add_row("bytes", f"{human_bytes(s['stored_bytes'])} on disk, {human_bytes(s['raw_bytes'])} raw ({ratio})")
     t.add_row("shards / files", f"{s['shards']} / {s['files']}")
     model = s["capture"].get("model") if s["capture"] else None
     t.add_row("model", str(model or "-"))

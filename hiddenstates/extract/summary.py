@@ -7,15 +7,13 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from hiddenstates.units import human_bytes
+
 __all__ = ["ExtractSummary", "Progress", "format_bytes", "render_summary"]
 
 
 def format_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
+    return human_bytes(n, binary=True)
 
 
 @dataclass(kw_only=True)

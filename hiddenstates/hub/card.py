@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from hiddenstates.errors import ConfigError
+from hiddenstates.units import human_bytes
 
 __all__ = [
     "CATALOG_CONFIGS",
@@ -134,12 +135,6 @@ def check_card_metadata(meta: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} PB"
 
 
 def _md_escape(text: Any) -> str:
@@ -210,7 +205,7 @@ def render_card(inputs: CardInputs) -> str:
         f"| truncated samples | {int(s.get('truncated_samples', 0)):,} |",
         f"| rejected input rows | {int(s.get('rejects', 0)):,} |",
         f"| shards | {int(s.get('shards', 0)):,} ({int(s.get('files', 0)):,} files) |",
-        f"| size | {_human_bytes(stored)} stored, {_human_bytes(raw)} raw"
+        f"| size | {human_bytes(stored)} stored, {human_bytes(raw)} raw"
         + (f" ({raw / stored:.2f}x)" if stored else "") + " |",
     ]
     q = inputs.length_quantiles

@@ -43,6 +43,7 @@ from hiddenstates.h5store.format import (
 from hiddenstates.h5store.root import Root, open_root
 from hiddenstates.hub.card import CATALOG_CONFIGS, CATALOG_DIR, CardInputs, render_card
 from hiddenstates.hub.limits import HubLimits, LimitViolation, check_layout
+from hiddenstates.units import human_bytes
 
 __all__ = ["PublishConfig", "PublishPlan", "PublishResult", "plan_publish", "publish", "resolve_token"]
 
@@ -136,7 +137,7 @@ class PublishPlan:
         lines = [
             f"repo: datasets/{self.repo_id} (branch {self.branch})",
             f"store: {self.samples:,} samples in {len(self.shards):,} shards",
-            f"files: {len(self.files):,} ({_human(self.total_bytes)}; largest file {_human(largest)}), "
+            f"files: {len(self.files):,} ({human_bytes(self.total_bytes)}; largest file {human_bytes(largest)}), "
             f"of which generated: {', '.join(self.generated)}",
             f"upload: step 1 data {len(self.data_files):,} files, step 2 manifests/catalog/card "
             f"{len(self.commit_files):,} files; about {self.estimated_commits} commit(s) on a first publish, "
@@ -163,12 +164,6 @@ class PublishResult:
     notes: list[str] = field(default_factory=list)
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} PB"
 
 
 def _matches(path: str, patterns: list[str]) -> bool:
@@ -422,7 +417,7 @@ def _upload(plan: PublishPlan, config: PublishConfig, token: str | None, say: Ca
         api.create_branch(config.repo_id, branch=config.branch, repo_type="dataset", exist_ok=True)
     before = _head(api, config)
     stale = _stale_remote_files(api, config, plan)
-    say(f"uploading as {user} to {url} (branch {config.branch}): {len(plan.files):,} files, {_human(plan.total_bytes)}")
+    say(f"uploading as {user} to {url} (branch {config.branch}): {len(plan.files):,} files, {human_bytes(plan.total_bytes)}")
     message = config.commit_message or f"Publish hiddenstates dataset ({plan.samples:,} samples, {len(plan.shards):,} shards)"
 
     def send(patterns: list[str], what: str, delete: list[str] | None = None) -> None:
