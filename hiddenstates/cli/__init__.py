@@ -27,6 +27,16 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        import errno
+
+        # A full disk, quota or dying device is the user's to fix, not a bug: one line, then resume.
+        if state["debug"] or e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG):
+            raise
+        where = f" ({e.filename})" if e.filename else ""
+        print(f"error: {e.strerror}{where}. Work committed so far is kept: fix the cause (free space, check the device) "
+              "and re-run the same command to resume", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -682,6 +682,17 @@ def _run(
         )
         for wid in ids
     ]
+    # Two jobs started together on an empty root both passed the check above before either wrote the
+    # header; now that one of them has, the other must meet its settings (tokenizer, template, max_len...).
+    try:
+        check_resume_identity(
+            root, capture, layer_ids=layer_ids, hidden_size=backend.hidden_size, dtype=cfg.dtype,
+            num_layers=backend.num_layers,
+        )
+    except IncompatibleStoreError:
+        for w in writers:
+            w.abort()
+        raise
     summary = ExtractSummary(
         root=root.url,
         writer_id=part.writer_id,
@@ -770,10 +781,10 @@ def _run(
         progress.close()
     summary.rows_seen += summary.num_rejected
     summary.shards = sorted(name for w in writers for name in w.committed_shards)
-    if summary.shards:
-        from hiddenstates.catalog import refresh_catalog
+    from hiddenstates.catalog import refresh_catalog
 
-        refresh_catalog(root)
+    # Also when this run committed nothing: an earlier run may have died before or while building it.
+    refresh_catalog(root)
     for shard in summary.shards:
         s = read_manifest_summary(root, shard)
         summary.raw_bytes += s.raw_bytes

@@ -169,11 +169,17 @@ class DatasetWriter:
         self._closed = False
         self._shard: _ShardState | None = None
         self.committed_shards: list[str] = []
-        self._remove_own_uncommitted()
-        self._next_seq = self._first_free_seq()
-        self._committed_hashes = self._load_committed_hashes()
-        self._session_ids: dict[str, str] = {}  # sample_id -> shard, for samples written by this writer
-        self._write_run_record(run or {})
+        self._lock_fd: int | None = None
+        self._acquire_lock()  # before removing "our" uncommitted shards: they must not be a live writer's
+        try:
+            self._remove_own_uncommitted()
+            self._next_seq = self._first_free_seq()
+            self._committed_hashes = self._load_committed_hashes()
+            self._session_ids: dict[str, str] = {}  # sample_id -> shard, for samples written by this writer
+            self._write_run_record(run or {})
+        except BaseException:
+            self._release_lock()
+            raise
 
     # -- setup -----------------------------------------------------------------------------
     def _create_or_check(self, wanted: DatasetInfo) -> DatasetInfo:
@@ -218,6 +224,35 @@ class DatasetWriter:
             pass
         finally:
             os.unlink(tmp)
+
+    def _acquire_lock(self) -> None:
+        """Hold runs/.writer-<id>.lock while this writer may write.
+
+        A second live writer with the same id would delete this one's open shard and write the same shard
+        names. flock is dropped by the kernel when the process dies, so resuming after a crash is never
+        blocked. Object stores have no locks: there every process needs its own writer id (ranks do).
+        """
+        if self._lock_fd is not None or not self.root.is_local:
+            return
+        import fcntl
+
+        self.root.makedirs(RUNS_DIR)
+        fd = os.open(self.root.full(f"{RUNS_DIR}/.writer-{self.writer_id}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise IncompatibleStoreError(
+                f"another writer with id {self.writer_id!r} is writing into {self.root.url} right now; two writers with "
+                "one id would overwrite each other's shards. Give each process its own id (--shard-index or RANK), "
+                "or wait until the other one has finished"
+            ) from None
+        self._lock_fd = fd
+
+    def _release_lock(self) -> None:
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            os.close(fd)
 
     def _remove_own_uncommitted(self) -> None:
         committed = set(list_committed_shards(self.root))
@@ -390,6 +425,7 @@ class DatasetWriter:
 
     # -- Zarr I/O --------------------------------------------------------------------------
     def _new_shard(self) -> _ShardState:
+        self._acquire_lock()  # again after an abort() released it
         name = shard_name(self.writer_id, self._next_seq)
         self._next_seq += 1
         if self.root.exists(shard_path(name)):
@@ -531,6 +567,7 @@ class DatasetWriter:
                 self._session_ids.pop(sid, None)
             if self.root.exists(shard_path(shard.name)):
                 self.root.rm(shard_path(shard.name), recursive=True)
+        self._release_lock()  # nothing of this writer is open on disk any more
 
     def close(self) -> None:
         if self._closed:
@@ -540,6 +577,7 @@ class DatasetWriter:
         finally:
             self._closed = True
             self._shutdown_pool()
+            self._release_lock()
         if self.config.refresh_catalog and self.committed_shards:
             from hiddenstates.catalog import refresh_catalog
 

@@ -16,6 +16,7 @@ the store lazily after fork or spawn.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import queue
 import threading
@@ -27,7 +28,7 @@ import numpy as np
 import xxhash
 from torch.utils.data import IterableDataset
 
-from hiddenstates.errors import ConfigError, StateDictMismatchError
+from hiddenstates.errors import ConfigError, CorruptStoreError, StateDictMismatchError
 from hiddenstates.train.order import PAD, Plan, rank_units, split_hashes, validation_mask, worker_steps
 from hiddenstates.train.state import LoaderState
 
@@ -38,7 +39,10 @@ if TYPE_CHECKING:
 
 __all__ = ["SPLITS", "HiddenStatesDataset", "StreamOptions", "StreamingLoader", "background", "resolve_world"]
 
+log = logging.getLogger(__name__)
+
 SPLITS = ("train", "val", "all")
+ON_CORRUPT = ("stop", "skip")
 _MIB = 1 << 20
 _HIDDEN_DTYPES = ("bfloat16", "float16", "float32")
 # CollateFn's bookkeeping keys; the trainer and users want exactly the model's forward arguments.
@@ -63,6 +67,7 @@ class StreamOptions:
     threads: int | None = None  # decode threads per process [default: min(8, cpus)]
     hidden_dtype: str = "bfloat16"  # dtype of the packed hidden states (CollateFn casts while copying)
     verify_checksums: bool = True
+    on_corrupt: str = "stop"  # a sample failing its checksum or decode: "stop" raises, "skip" drops it (logged)
 
     def __post_init__(self) -> None:
         if self.split not in SPLITS:
@@ -83,6 +88,11 @@ class StreamOptions:
             raise ConfigError(f"threads must be positive, got {self.threads}")
         if self.hidden_dtype not in _HIDDEN_DTYPES:
             raise ConfigError(f"hidden_dtype must be one of {', '.join(_HIDDEN_DTYPES)}, got {self.hidden_dtype!r}")
+        if self.on_corrupt not in ON_CORRUPT:
+            raise ConfigError(f"on_corrupt must be one of {', '.join(ON_CORRUPT)}, got {self.on_corrupt!r}")
+        if self.on_corrupt == "skip" and self.total_seq_len is None:
+            # A dropped sample is a shorter packed row; unpacked, it would be a missing step on one rank.
+            raise ConfigError("on_corrupt='skip' needs packed rows (total_seq_len), so every rank keeps its step count")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
 
@@ -149,6 +159,7 @@ class HiddenStatesDataset(IterableDataset):
         self._collate: Any = None
         self._epoch = 0
         self._units_done = 0
+        self.corrupt_samples: list[dict[str, str]] = []  # what on_corrupt="skip" dropped in this process
 
     # -- setup -----------------------------------------------------------------------------
     def _open_store(self, root: Any, storage_options: dict[str, Any] | None) -> Dataset:
@@ -206,7 +217,7 @@ class HiddenStatesDataset(IterableDataset):
 
     def _plan_fingerprint(self) -> str:
         o = asdict(self.options)
-        for k in ("prefetch_bytes", "threads", "verify_checksums", "batches_ahead"):  # how fast, not what
+        for k in ("prefetch_bytes", "threads", "verify_checksums", "batches_ahead", "on_corrupt"):  # how fast, not what
             o.pop(k)
         spec = {
             "dataset": self.store.fingerprint, "where": self.where, "params": self.params, "layers": self.aux_layer_ids,
@@ -345,13 +356,39 @@ class HiddenStatesDataset(IterableDataset):
         layers = None if wanted == self.store.layer_ids else wanted
         # The reader reads each sample (fetch, decode, copy, checksum) in its pool, at most
         # prefetch_bytes of samples ahead: that bounds the loader's memory.
-        samples = self.store.iter_read(flat, layers=layers, lookahead_bytes=self.options.prefetch_bytes)
+        samples = self._samples(flat, layers)
         for c in counts:
-            items = [self._item(next(samples)) for _ in range(c)]
+            items = [self._item(raw) for raw in (next(samples) for _ in range(c)) if raw is not None]
             if self.packed:
                 yield self._pack(items)
             else:
                 yield items[0]
+
+    def _samples(self, flat: list[int], layers: list[int] | None) -> Iterator[dict[str, Any] | None]:
+        """The samples of `flat` in order, read ahead; under on_corrupt="skip", None for each damaged one."""
+        pos = 0
+        while pos < len(flat):
+            try:
+                for raw in self.store.iter_read(flat[pos:], layers=layers, lookahead_bytes=self.options.prefetch_bytes):
+                    pos += 1
+                    yield raw
+                return
+            except CorruptStoreError:
+                if self.options.on_corrupt == "stop":
+                    raise
+            # A read failed somewhere ahead: read one by one up to and past the damaged sample, then stream again.
+            while pos < len(flat):
+                index = flat[pos]
+                pos += 1
+                try:
+                    raw = self.store.read([index], layers=layers)[0]
+                except CorruptStoreError as e:
+                    sample_id = self.store.sample_ids[index]
+                    self.corrupt_samples.append({"sample_id": sample_id, "error": str(e)})
+                    log.warning("skipping damaged sample %r (on_corrupt='skip'): %s", sample_id, e)
+                    yield None
+                    break
+                yield raw
 
     def _item(self, raw: dict[str, Any]) -> dict[str, Any]:
         import torch

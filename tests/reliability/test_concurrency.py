@@ -143,8 +143,6 @@ def test_conflicting_extraction_jobs_on_one_root_are_refused(tmp_path, env):
     assert verify_dataset(root, deep=True).ok
 
 
-@pytest.mark.xfail(strict=True, reason="no per-writer-id lock yet: a second live writer with the same id deletes "
-                   "the first one's open shard (docs/reliability.md gives the lock)")
 def test_a_second_live_writer_with_the_same_id_is_refused(tmp_path):
     cfg = WriterConfig(chunk_tokens=4, refresh_catalog=False)
     first = DatasetWriter(tmp_path, layer_ids=LAYERS, hidden_size=H, num_layers=NUM_LAYERS, writer_id="rank0", config=cfg)

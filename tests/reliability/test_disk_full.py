@@ -106,8 +106,6 @@ def test_injected_write_errors_then_resume(tmp_path, env, reference, err, match,
     _check_resumed(root, ref, env)
 
 
-@pytest.mark.xfail(strict=True, reason="a write error reaches the user as a traceback; docs/reliability.md gives "
-                   "the one-line handler for OSError (ENOSPC/EIO/EDQUOT/EROFS) in hiddenstates.cli.main")
 def test_write_error_is_one_clear_line(tmp_path, env):
     root = tmp_path / "store"
     fault = {"HS_FAIL_UNDER": str(root), "HS_FAIL_MATCH": "manifests/", "HS_FAIL_NTH": "1", "HS_FAIL_ERRNO": "ENOSPC"}

@@ -124,7 +124,3 @@ def test_reading_queries_still_work_through_the_cli(stores, capsys):
                  "--format", "json"]) == 0
     assert '"n": 6' in capsys.readouterr().out
 
-
-def count_refusals() -> dict[str, int]:
-    """For docs/reliability.md: how many hostile statements each layer refuses."""
-    return {"guard": len(REFUSED), "engine": len(ENGINE_REFUSED), "where": 3}

@@ -1,8 +1,6 @@
-"""What training does with a damaged sample: stop with an error naming it (default), or skip it and say so.
-
-The skip policy is `StreamOptions(on_corrupt="skip")`; until hiddenstates/train/dataset.py has it
-(docs/reliability.md gives the change), its test is an expected failure.
-"""
+"""What training does with a damaged sample: stop with an error naming it (default), or skip it and say so
+(`StreamOptions(on_corrupt="skip")`: the sample leaves its packed row, a warning names it, and
+`ds.corrupt_samples` lists it)."""
 
 from __future__ import annotations
 
@@ -18,7 +16,6 @@ from tests.reliability.corruption import flip_chunk_byte, healthy_bytes, judge
 from tests.reliability.test_corruption_matrix import VICTIM, write_store
 
 SEQ = 64
-HAS_SKIP = "on_corrupt" in StreamOptions.__dataclass_fields__
 
 
 @pytest.fixture
@@ -49,7 +46,6 @@ def test_default_policy_stops_with_an_error_naming_the_sample(damaged):
     assert any(sid in str(err.value) for sid in refused) and VICTIM in str(err.value)
 
 
-@pytest.mark.xfail(not HAS_SKIP, strict=True, reason="StreamOptions has no on_corrupt yet (docs/reliability.md)")
 def test_skip_policy_drops_exactly_the_damaged_samples_and_reports_them(damaged, caplog):
     good, bad, refused = damaged
     opts = {"split": "all", "shuffle": False, "total_seq_len": SEQ, "rank": 0, "world_size": 1}
