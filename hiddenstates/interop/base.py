@@ -34,6 +34,7 @@ __all__ = [
     "as_2d",
     "concat_columns",
     "list_files",
+    "load_sample_dict",
     "load_torch_file",
     "natural_key",
     "resolve_layer_ids",
@@ -138,6 +139,17 @@ def load_torch_file(path: str) -> tuple[Any, int]:
         raise RejectSample(f"unreadable (truncated or corrupt file): {_short(e)}") from None
     return obj, nbytes
 
+
+
+def load_sample_dict(path: str, required: tuple[str, ...], *, what: str) -> tuple[dict[str, Any], int]:
+    """load_torch_file, then check it is a dict holding every `required` key; RejectSample otherwise."""
+    obj, nbytes = load_torch_file(path)
+    if not isinstance(obj, dict):
+        raise RejectSample(f"holds a {type(obj).__name__}, not {what}")
+    for key in required:
+        if obj.get(key) is None:
+            raise RejectSample(f"missing key {key!r} (has {sorted(obj)})")
+    return obj, nbytes
 
 def _short(e: BaseException) -> str:
     text = " ".join(str(e).split())

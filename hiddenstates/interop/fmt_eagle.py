@@ -28,7 +28,7 @@ from hiddenstates.interop.base import (
     as_2d,
     concat_columns,
     list_files,
-    load_torch_file,
+    load_sample_dict,
     trailing_index,
 )
 from hiddenstates.layers import LAST_LAYER_POSTNORM
@@ -86,12 +86,7 @@ class EagleFormat(SourceFormat):
     def load(self, src: str, item: SourceItem) -> RawSample:
         import torch
 
-        obj, nbytes = load_torch_file(os.path.join(src, item.rel))
-        if not isinstance(obj, dict):
-            raise RejectSample(f"holds a {type(obj).__name__}, not a dict")
-        for key in ("input_ids", "loss_mask"):
-            if obj.get(key) is None:
-                raise RejectSample(f"missing key {key!r} (has {sorted(obj)})")
+        obj, nbytes = load_sample_dict(os.path.join(src, item.rel), ("input_ids", "loss_mask"), what="a dict")
         if obj.get("hidden_states") is not None:
             hs = obj["hidden_states"]
             if isinstance(hs, list | tuple):

@@ -17,14 +17,13 @@ from typing import Any
 
 from hiddenstates.interop.base import (
     RawSample,
-    RejectSample,
     SourceFormat,
     SourceInfo,
     SourceItem,
     as_1d,
     as_2d,
     list_files,
-    load_torch_file,
+    load_sample_dict,
 )
 from hiddenstates.interop.fmt_specforge import assemble_columns
 from hiddenstates.layers import LAST_LAYER_POSTNORM, LAST_LAYER_PRENORM
@@ -47,12 +46,7 @@ class ModelOptFormat(SourceFormat):
     def load(self, src: str, item: SourceItem) -> RawSample:
         import torch
 
-        obj, nbytes = load_torch_file(os.path.join(src, item.rel))
-        if not isinstance(obj, dict):
-            raise RejectSample(f"holds a {type(obj).__name__}, not Model-Optimizer's dict")
-        for key in ("input_ids", "hidden_states"):
-            if obj.get(key) is None:
-                raise RejectSample(f"missing key {key!r} (has {sorted(obj)})")
+        obj, nbytes = load_sample_dict(os.path.join(src, item.rel), ("input_ids", "hidden_states"), what="Model-Optimizer's dict")
         last = as_2d(obj["hidden_states"], "hidden_states")
         aux = obj.get("aux_hidden_states")
         aux = as_2d(aux, "aux_hidden_states") if isinstance(aux, torch.Tensor) and aux.numel() else None

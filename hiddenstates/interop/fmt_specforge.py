@@ -25,7 +25,7 @@ from hiddenstates.interop.base import (
     as_2d,
     concat_columns,
     list_files,
-    load_torch_file,
+    load_sample_dict,
     trailing_index,
 )
 from hiddenstates.layers import LAST_LAYER_POSTNORM
@@ -84,12 +84,7 @@ class SpecForgeFormat(SourceFormat):
     def load(self, src: str, item: SourceItem) -> RawSample:
         import os
 
-        obj, nbytes = load_torch_file(os.path.join(src, item.rel))
-        if not isinstance(obj, dict):
-            raise RejectSample(f"holds a {type(obj).__name__}, not SpecForge's dict")
-        for key in ("input_ids", "loss_mask", "hidden_state"):
-            if obj.get(key) is None:
-                raise RejectSample(f"missing key {key!r} (has {sorted(obj)})")
+        obj, nbytes = load_sample_dict(os.path.join(src, item.rel), ("input_ids", "loss_mask", "hidden_state"), what="SpecForge's dict")
         last = as_2d(obj["hidden_state"], "hidden_state")
         aux = obj.get("aux_hidden_state")
         aux = as_2d(aux, "aux_hidden_state") if aux is not None else None
